@@ -1,0 +1,33 @@
+"""Drive a multi-process JAX program interactively from Jupyter, over ipyparallel."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .cluster import JaxCluster, ProcessInfo, ProcessStatus
+from .errors import ConfigError, JaxClusterError, NoClusterError
+
+__all__ = [
+    "ConfigError",
+    "JaxCluster",
+    "JaxClusterError",
+    "NoClusterError",
+    "ProcessInfo",
+    "ProcessStatus",
+    "load_ipython_extension",
+    "unload_ipython_extension",
+]
+__version__ = "0.1.0"
+
+
+def load_ipython_extension(ip: Any) -> None:
+    # imported lazily so that the library never needs IPython
+    from .magics import load_ipython_extension as load
+
+    load(ip)
+
+
+def unload_ipython_extension(ip: Any) -> None:
+    from .magics import unload_ipython_extension as unload
+
+    unload(ip)

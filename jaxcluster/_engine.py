@@ -1,0 +1,112 @@
+"""Everything that runs on an engine, i.e. inside one JAX process.
+
+The client sends these functions by reference (``apply_async(_engine.f, ...)``), so engines
+import this module from the same installation; keep it free of IPython and of client state.
+``python -m jaxcluster._engine`` is also the engine's entry point (see ``main``).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+from typing import Any
+
+
+def main() -> None:
+    """Start an ipyparallel engine, importing JAX while it registers.
+
+    Importing jax takes about a second of CPU; doing it in a thread during registration means
+    ``jax.distributed.initialize`` no longer waits for it. A failed import is reported later,
+    when ``initialize`` imports jax again and gets the same error.
+    """
+    threading.Thread(target=_import_jax_quietly, name="jaxcluster-import-jax", daemon=True).start()
+    from ipyparallel.engine.app import main as engine_main
+
+    engine_main()
+
+
+def _import_jax_quietly() -> None:
+    try:
+        import jax  # noqa: F401
+    except Exception:  # noqa: BLE001 - initialize() re-raises it with the engine's own message
+        pass
+
+
+def identity() -> dict[str, Any]:
+    """Where this engine runs: host name, pid and an address other hosts can reach."""
+    return {"host": socket.gethostname(), "pid": os.getpid(), "address": reachable_address()}
+
+
+def reachable_address() -> str:
+    """This host's address on the interface that has the default route, else loopback."""
+    if os.environ.get("JAXCLUSTER_ADDRESS"):
+        return os.environ["JAXCLUSTER_ADDRESS"]
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            # connect() on UDP sends nothing; it only picks the outgoing interface.
+            probe.connect(("10.255.255.255", 1))
+            return probe.getsockname()[0]
+        except OSError:
+            return "127.0.0.1"
+
+
+def claim_port(port: int = 0, host: str = "") -> int:
+    """Check that ``port`` is free on this host (0: pick a free one); return it."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, port))
+        return sock.getsockname()[1]
+
+
+def initialize(coordinator: str, num_processes: int, process_id: int, timeout: float) -> dict:
+    """``jax.distributed.initialize`` this process and describe what it then sees."""
+    import jax
+
+    jax.distributed.initialize(
+        coordinator_address=coordinator,
+        num_processes=num_processes,
+        process_id=process_id,
+        initialization_timeout=max(1, int(timeout)),
+    )
+    try:
+        return describe_jax()
+    except Exception as e:
+        # JAX's own error for a missing backend can be a bare AssertionError; say what it means.
+        platforms = os.environ.get("JAX_PLATFORMS") or "default"
+        raise RuntimeError(
+            f"JAX could not create the {platforms!r} backend on this host "
+            f"({type(e).__name__}: {e or 'no message'}). Check that JAX's plugin for that "
+            "platform is installed here (for NVIDIA GPUs: pip install 'jax[cuda12]') and that "
+            "its devices are visible, or choose another --platform."
+        ) from e
+
+
+def describe_jax() -> dict:
+    """This process's place in the JAX job."""
+    import jax
+
+    local = jax.local_devices()
+    return {
+        "process_index": jax.process_index(),
+        "process_count": jax.process_count(),
+        "global_device_count": jax.device_count(),
+        "local_device_ids": [d.id for d in local],
+        "platform": local[0].platform if local else jax.default_backend(),
+    }
+
+
+def jax_state() -> dict | None:
+    """This process's JAX identity if ``jax.distributed`` is already initialized, else None."""
+    import sys
+
+    if "jax" not in sys.modules:
+        return None
+    import jax
+
+    if not jax.distributed.is_initialized():
+        return None
+    return describe_jax()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,524 @@
+"""``JaxCluster``: an ipyparallel cluster whose engines are the processes of one JAX job.
+
+Lifecycle only: start (controller, engines, ``jax.distributed`` on each), stop, restart, status.
+Running code on the processes lives in ``spmd.py``.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import ipyparallel as ipp
+import psutil
+
+from . import _engine
+from .errors import ConfigError, JaxClusterError, NoClusterError
+from .launchers import check_launcher, engine_environment, plan_launch
+from .output import process_label
+
+PLATFORMS = ("cpu", "gpu", "cuda", "rocm", "tpu")
+DEFAULT_CPU_DEVICES = 2
+POLL_SECONDS = 0.05
+
+# Clusters that are running, stopped at interpreter exit before ipyparallel's own atexit hook
+# (which would first wait for each engine to ignore a SIGTERM). Registered after ipyparallel's
+# hook, on the first start, because atexit runs the last registered first.
+_running: weakref.WeakSet[JaxCluster] = weakref.WeakSet()
+_atexit_registered = False
+
+
+def _stop_running_clusters() -> None:
+    for cluster in list(_running):
+        cluster.stop()
+
+
+def _register_atexit() -> None:
+    global _atexit_registered
+    if not _atexit_registered:
+        atexit.register(_stop_running_clusters)
+        _atexit_registered = True
+
+
+# progress(stage, done, total): stage is "engines registered" or "JAX initialized"
+Progress = Callable[[str, int, int], None]
+
+
+@dataclass(frozen=True)
+class ProcessInfo:
+    """One JAX process and the ipyparallel engine it runs in."""
+
+    process_index: int
+    engine_id: int
+    host: str
+    pid: int
+    address: str
+    local_device_ids: tuple[int, ...]
+    platform: str
+
+
+@dataclass(frozen=True)
+class ProcessStatus(ProcessInfo):
+    state: str  # "idle", "busy" or "dead"
+
+
+def _positive_int(value: Any, option: str, example: str) -> int:
+    if isinstance(value, int) and not isinstance(value, bool):
+        number = value
+    elif isinstance(value, str) and value.strip().isdigit():
+        number = int(value)
+    else:
+        number = 0
+    if number < 1:
+        raise ConfigError(
+            f"{option} must be a whole number of at least 1, not {value!r} (e.g. {example})."
+        )
+    return number
+
+
+class JaxCluster:
+    """A controller plus one engine per JAX process, with ``jax.distributed`` initialized.
+
+    >>> with JaxCluster(nodes=4, devices_per_node=2) as cluster:
+    ...     cluster.view.apply_sync(lambda: __import__("jax").device_count())
+    """
+
+    def __init__(
+        self,
+        nodes: int = 4,
+        devices_per_node: int | None = None,
+        platform: str | None = None,
+        launcher: str = "local",
+        timeout: float = 120,
+        coordinator_port: int | None = None,
+        engine_env: dict[str, str] | None = None,
+        profile_dir: str | None = None,
+    ) -> None:
+        self.nodes = _positive_int(nodes, "--nodes", "--nodes 4")
+        if platform is not None:
+            platform = str(platform).lower()
+            if platform not in PLATFORMS:
+                raise ConfigError(
+                    f"Unknown platform {platform!r}. Choose one of: {', '.join(PLATFORMS)}, "
+                    "or leave --platform out to let JAX pick."
+                )
+        if devices_per_node is not None:
+            devices_per_node = _positive_int(
+                devices_per_node, "--devices-per-node", "--devices-per-node 2"
+            )
+            if platform not in (None, "cpu"):
+                raise ConfigError(
+                    f"--devices-per-node only applies to the CPU platform; on {platform} each "
+                    "process uses the accelerators it sees. Drop --devices-per-node, or use "
+                    "--platform cpu."
+                )
+        check_launcher(launcher)
+        try:
+            timeout = float(timeout)
+        except (TypeError, ValueError):
+            timeout = -1.0
+        if not timeout > 0:
+            raise ConfigError(f"--timeout must be a positive number of seconds (e.g. --timeout 120).")
+        if coordinator_port is not None:
+            coordinator_port = _positive_int(coordinator_port, "--coordinator-port", "--coordinator-port 12355")
+            if coordinator_port > 65535:
+                raise ConfigError("--coordinator-port must be between 1 and 65535.")
+        self.platform = platform
+        self.devices_per_node = devices_per_node
+        self.launcher = launcher
+        self.timeout = timeout
+        self.coordinator_port = coordinator_port
+        self.engine_env = dict(engine_env or {})
+        self.profile_dir = profile_dir
+
+        self.processes: list[ProcessInfo] = []
+        self.cluster_id: str | None = None
+        self.coordinator: str | None = None
+        self.startup_seconds: float | None = None
+        self._ipp_cluster: ipp.Cluster | None = None
+        self._client: ipp.Client | None = None
+        self._view: ipp.DirectView | None = None
+        self._watchdog: subprocess.Popen | None = None
+
+    # -- public surface ---------------------------------------------------------------------
+
+    @property
+    def running(self) -> bool:
+        return self._client is not None and bool(self.processes)
+
+    @property
+    def client(self) -> ipp.Client:
+        self._require_running()
+        assert self._client is not None
+        return self._client
+
+    @property
+    def view(self) -> ipp.DirectView:
+        """A non-blocking DirectView over all engines, in JAX process order."""
+        self._require_running()
+        assert self._view is not None
+        return self._view
+
+    @property
+    def engine_ids(self) -> list[int]:
+        """Engine ids indexed by JAX process index."""
+        return [p.engine_id for p in self.processes]
+
+    @property
+    def ipp_cluster(self) -> ipp.Cluster | None:
+        return self._ipp_cluster
+
+    def start(self, progress: Progress | None = None) -> JaxCluster:
+        """Start controller and engines and initialize ``jax.distributed`` on every engine.
+
+        Raises ``JaxClusterError`` naming the failing processes; nothing is left running then.
+        """
+        if self._ipp_cluster is not None:
+            raise ConfigError(
+                "A cluster is already running. Stop it first (%jax_cluster stop) or restart it "
+                "(%jax_cluster restart)."
+            )
+        began = time.perf_counter()
+        plan = plan_launch(self.launcher, self._environment())
+        cluster = ipp.Cluster(
+            n=self.nodes,
+            engines=plan.engine_launcher,
+            controller_ip=plan.controller_ip,
+            controller_args=plan.controller_args,
+            delay=0,
+            log_level=logging.ERROR,
+            engine_timeout=int(self.timeout),
+            config=plan.config,
+            **({"profile_dir": self.profile_dir} if self.profile_dir else {}),
+        )
+        self._ipp_cluster = cluster
+        self.cluster_id = cluster.cluster_id
+        _running.add(self)
+        try:
+            cluster.start_controller_sync()
+            _register_atexit()
+            self._start_watchdog()
+            self._client = cluster.connect_client_sync()
+            self._start_processes(progress)
+        except BaseException:
+            self.stop()
+            raise
+        self.startup_seconds = time.perf_counter() - began
+        return self
+
+    def stop(self) -> None:
+        """Stop every engine and the controller. Safe to call twice."""
+        _running.discard(self)
+        cluster, self._ipp_cluster = self._ipp_cluster, None
+        client, self._client = self._client, None
+        self._view = None
+        self.processes = []
+        if client is not None:
+            client.close()
+        if cluster is not None:
+            _kill_engines(cluster)
+            cluster.stop_cluster_sync()
+        self._stop_watchdog()
+
+    def restart(self, progress: Progress | None = None) -> JaxCluster:
+        """Fresh engines and a fresh ``jax.distributed`` with the same options.
+
+        JAX cannot be initialized twice in one process, so engines are replaced; the controller
+        stays when it is healthy.
+        """
+        cluster = self._ipp_cluster
+        if cluster is None:
+            raise NoClusterError("No cluster to restart. Start one with %jax_cluster start --nodes N.")
+        began = time.perf_counter()
+        if cluster.controller is None or not cluster.controller.running:
+            self.stop()
+            return self.start(progress)
+        self._view = None
+        self.processes = []
+        try:
+            _kill_engines(cluster)
+            cluster.stop_engines_sync()
+            self._start_processes(progress)
+        except BaseException:
+            self.stop()
+            raise
+        self.startup_seconds = time.perf_counter() - began
+        return self
+
+    def status(self) -> list[ProcessStatus]:
+        """One row per JAX process: where it runs and whether it is idle, busy or dead."""
+        self._require_running()
+        client = self.client
+        alive = set(client.ids)
+        queues = client.queue_status(targets=sorted(alive & set(self.engine_ids))) if alive else {}
+        rows = []
+        for proc in self.processes:
+            if proc.engine_id not in alive or not self._pid_alive(proc):
+                state = "dead"
+            elif queues.get(proc.engine_id, {}).get("queue", 0) > 0:
+                state = "busy"
+            else:
+                state = "idle"
+            rows.append(ProcessStatus(**proc.__dict__, state=state))
+        return rows
+
+    def summary(self) -> str:
+        """``4 processes × 2 cpu devices = 8 global devices, ready in 5.2 s``."""
+        self._require_running()
+        counts = {len(p.local_device_ids) for p in self.processes}
+        platform = self.processes[0].platform
+        total = sum(len(p.local_device_ids) for p in self.processes)
+        if len(counts) == 1:
+            per = f"{counts.pop()} {platform} devices"
+        else:
+            per = f"{min(counts)}–{max(counts)} {platform} devices"
+        noun = "process" if len(self.processes) == 1 else "processes"
+        line = f"{len(self.processes)} {noun} × {per} = {total} global devices"
+        if self.startup_seconds is not None:
+            line += f", ready in {self.startup_seconds:.1f} s"
+        return line
+
+    def __enter__(self) -> JaxCluster:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        state = self.summary() if self.running else "not running"
+        return f"<JaxCluster {state}>"
+
+    # -- internals ----------------------------------------------------------------------------
+
+    def _require_running(self) -> None:
+        if not self.running:
+            raise NoClusterError("No cluster is running. Start one with %jax_cluster start --nodes N.")
+
+    def _environment(self) -> dict[str, str]:
+        devices = self.devices_per_node
+        if devices is None and self.platform in (None, "cpu"):
+            devices = DEFAULT_CPU_DEVICES
+        env = engine_environment(self.platform, devices)
+        env.update(self.engine_env)
+        return env
+
+    def _start_processes(self, progress: Progress | None) -> None:
+        """Start engines, wait for them, then initialize JAX on all of them at once."""
+        cluster = self._ipp_cluster
+        client = self._client
+        assert cluster is not None and client is not None
+        known = set(client.ids)
+        cluster.start_engines_sync(self.nodes)
+        engine_ids = self._wait_for_engines(known, progress)
+        identities = self._gather(
+            {eid: client[eid].apply_async(_engine.identity) for eid in engine_ids},
+            engine_ids,
+            "report where it runs",
+        )
+        coordinator = self._coordinator_address(engine_ids[0], identities[engine_ids[0]])
+        pending = {
+            eid: client[eid].apply_async(
+                _engine.initialize, coordinator, len(engine_ids), index, self.timeout
+            )
+            for index, eid in enumerate(engine_ids)
+        }
+        results = self._gather(
+            pending, engine_ids, "initialize jax.distributed", progress, "JAX initialized"
+        )
+        self.processes = self._verified_processes(engine_ids, identities, results)
+        self.coordinator = coordinator
+        self._view = client[self.engine_ids]
+        self._view.block = False
+
+    def _wait_for_engines(self, known: set[int], progress: Progress | None) -> list[int]:
+        """Engine ids of the new engines, in registration order; fail fast on dead ones."""
+        client = self._client
+        assert client is not None
+        deadline = time.monotonic() + self.timeout
+        reported = -1
+        while True:
+            new = sorted(set(client.ids) - known)
+            if progress and len(new) != reported:
+                reported = len(new)
+                progress("engines registered", min(len(new), self.nodes), self.nodes)
+            if len(new) >= self.nodes:
+                return new[: self.nodes]
+            exited = self._exited_engine_output()
+            if exited:
+                raise JaxClusterError(
+                    f"{len(exited)} engine(s) exited before registering with the controller. "
+                    f"Their output:\n" + "\n".join(exited)
+                )
+            if time.monotonic() > deadline:
+                raise JaxClusterError(
+                    f"Only {len(new)} of {self.nodes} engines registered within {self.timeout:g} s. "
+                    "Raise --timeout if the hosts are slow to start, or check the engine logs in "
+                    f"{os.path.join(self._ipp_cluster.profile_dir, 'log')}."
+                )
+            time.sleep(POLL_SECONDS)
+
+    def _exited_engine_output(self) -> list[str]:
+        cluster = self._ipp_cluster
+        assert cluster is not None
+        outputs = []
+        for engine_set in cluster.engines.values():
+            for launcher in getattr(engine_set, "launchers", {}).values():
+                if launcher.state == "after":
+                    text = launcher.get_output().strip().splitlines()[-15:]
+                    code = (launcher.stop_data or {}).get("exit_code")
+                    outputs.append(f"--- engine pid {launcher.pid} (exit code {code}) ---")
+                    outputs.extend(text)
+        return outputs
+
+    def _gather(
+        self,
+        pending: dict[int, Any],
+        engine_ids: list[int],
+        what: str,
+        progress: Progress | None = None,
+        stage: str = "",
+    ) -> dict[int, Any]:
+        """Wait (bounded) for one AsyncResult per engine; raise naming the processes that failed."""
+        index_of = {eid: i for i, eid in enumerate(engine_ids)}
+        deadline = time.monotonic() + self.timeout + 10
+        results: dict[int, Any] = {}
+        errors: dict[int, str] = {}
+        reported = -1
+        while len(results) + len(errors) < len(pending) and time.monotonic() < deadline:
+            for eid, ar in pending.items():
+                if eid in results or eid in errors or not ar.ready():
+                    continue
+                try:
+                    results[eid] = ar.get(0)
+                except ipp.error.RemoteError as e:
+                    errors[eid] = _remote_message(e)
+                except Exception as e:  # noqa: BLE001 - engine died, unpicklable reply, ...
+                    errors[eid] = f"{type(e).__name__}: {e}"
+            if progress and len(results) != reported:
+                reported = len(results)
+                progress(stage, len(results), len(pending))
+            time.sleep(POLL_SECONDS)
+        if len(results) == len(pending):
+            return results
+        lines = []
+        by_message: dict[str, list[int]] = {}
+        for eid, message in errors.items():
+            by_message.setdefault(message, []).append(index_of[eid])
+        for message, indices in sorted(by_message.items(), key=lambda kv: min(kv[1])):
+            lines.append(f"  {process_label(indices)}: {message}")
+        stuck = [index_of[eid] for eid in pending if eid not in results and eid not in errors]
+        if stuck:
+            lines.append(f"  {process_label(stuck)}: did not finish within {self.timeout:g} s")
+        failed = sorted(index_of[eid] for eid in pending if eid not in results)
+        raise JaxClusterError(
+            f"Could not {what} on {process_label(failed)}; the cluster was stopped.\n"
+            + "\n".join(lines)
+        )
+
+    def _coordinator_address(self, engine_id: int, identity: dict) -> str:
+        """Process 0's address with a port that is free there (checked on process 0 itself)."""
+        client = self._client
+        assert client is not None
+        host = "127.0.0.1" if self.launcher == "local" else identity["address"]
+        try:
+            port = client[engine_id].apply_sync(_engine.claim_port, self.coordinator_port or 0)
+        except ipp.error.RemoteError as e:
+            raise JaxClusterError(
+                f"The coordinator port {self.coordinator_port} is already in use on "
+                f"{identity['host']} (process 0): {e.evalue}. Choose another with "
+                "--coordinator-port P, or leave it out to use a free port."
+            ) from None
+        return f"{host}:{port}"
+
+    def _verified_processes(
+        self, engine_ids: list[int], identities: dict[int, dict], results: dict[int, dict]
+    ) -> list[ProcessInfo]:
+        """Check that JAX agrees with us before calling the cluster ready."""
+        expected_indices = list(range(len(engine_ids)))
+        seen = sorted(results[eid]["process_index"] for eid in engine_ids)
+        if seen != expected_indices:
+            raise JaxClusterError(
+                f"JAX process indices {seen} do not cover 0..{len(engine_ids) - 1} once each."
+            )
+        global_counts = {results[eid]["global_device_count"] for eid in engine_ids}
+        local_total = sum(len(results[eid]["local_device_ids"]) for eid in engine_ids)
+        expected = {local_total}
+        if self.platform in (None, "cpu") and results[engine_ids[0]]["platform"] == "cpu":
+            expected.add(len(engine_ids) * (self.devices_per_node or DEFAULT_CPU_DEVICES))
+        if len(global_counts) != 1 or global_counts != expected:
+            raise JaxClusterError(
+                f"The processes disagree on the global device set: they see {sorted(global_counts)} "
+                f"global devices, expected {sorted(expected)}."
+            )
+        processes = [
+            ProcessInfo(
+                process_index=results[eid]["process_index"],
+                engine_id=eid,
+                host=identities[eid]["host"],
+                pid=identities[eid]["pid"],
+                address=identities[eid]["address"],
+                local_device_ids=tuple(results[eid]["local_device_ids"]),
+                platform=results[eid]["platform"],
+            )
+            for eid in engine_ids
+        ]
+        return sorted(processes, key=lambda p: p.process_index)
+
+    def _pid_alive(self, proc: ProcessInfo) -> bool:
+        if self.launcher != "local":
+            return True  # remote pids mean nothing here; the heartbeat decides
+        try:
+            return psutil.Process(proc.pid).status() != psutil.STATUS_ZOMBIE
+        except psutil.Error:
+            return False
+
+    def _start_watchdog(self) -> None:
+        cluster = self._ipp_cluster
+        assert cluster is not None
+        me = psutil.Process()
+        self._watchdog = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "jaxcluster._watchdog",
+                str(me.pid),
+                repr(me.create_time()),
+                cluster.cluster_file,
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,  # survives signals sent to our process group
+        )
+
+    def _stop_watchdog(self) -> None:
+        watchdog, self._watchdog = self._watchdog, None
+        if watchdog is not None and watchdog.poll() is None:
+            watchdog.kill()
+            watchdog.wait()
+
+
+def _kill_engines(cluster: ipp.Cluster) -> None:
+    """SIGKILL every engine of ``cluster`` (see launchers.STOP_SECONDS_UNTIL_KILL for why)."""
+    for engine_set in list(cluster.engines.values()):
+        try:
+            engine_set.signal(signal.SIGKILL)
+        except Exception:  # noqa: BLE001 - already gone is fine
+            pass
+
+
+def _remote_message(error: ipp.error.RemoteError) -> str:
+    """The engine's own ``Type: message``, or its traceback's last line when the message is empty."""
+    if str(error.evalue).strip():
+        return f"{error.ename}: {error.evalue}"
+    lines = [line for line in (error.traceback or "").splitlines() if line.strip()]
+    return f"{error.ename} at {lines[-2].strip()}" if len(lines) >= 2 else error.ename

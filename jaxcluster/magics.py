@@ -1,0 +1,164 @@
+"""IPython glue: parse arguments, call the library, show the result. No logic of its own."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from IPython.core.error import UsageError
+from IPython.core.magic import Magics, line_magic, magics_class
+from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+
+from .cluster import PLATFORMS, JaxCluster
+from .display import StartProgress, show
+from .errors import ConfigError, NoClusterError
+from .launchers import LAUNCHERS
+from .render.status import status_html, status_text
+
+
+def _usage_errors(func: Any) -> Any:
+    """Turn the library's ConfigError into IPython's UsageError (one line, no traceback)."""
+
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return func(*args, **kwargs)
+        except (ConfigError, NoClusterError) as e:
+            raise UsageError(str(e)) from None
+
+    wrapper.__name__ = func.__name__
+    wrapper.__doc__ = func.__doc__
+    wrapper.__wrapped__ = func
+    return wrapper
+
+
+@magics_class
+class JaxClusterMagics(Magics):
+    """The ``%jax_cluster`` family of magics; holds the notebook's current cluster."""
+
+    def __init__(self, shell: Any) -> None:
+        super().__init__(shell)
+        self.cluster: JaxCluster | None = None
+
+    def require_cluster(self) -> JaxCluster:
+        if self.cluster is None or not self.cluster.running:
+            raise UsageError(
+                "No cluster is running. Start one with %jax_cluster start --nodes N "
+                "(e.g. %jax_cluster start --nodes 4)."
+            )
+        return self.cluster
+
+    @magic_arguments()
+    @argument(
+        "action",
+        choices=("start", "stop", "status", "restart"),
+        help="start: controller, engines and jax.distributed; stop: end them all; "
+        "status: one row per process; restart: fresh engines and jax.distributed, same options.",
+    )
+    @argument("--nodes", "-n", default="4", help="number of JAX processes (engines). Default 4.")
+    @argument(
+        "--devices-per-node",
+        default=None,
+        help="CPU devices per process (CPU platform only). Default 2 on CPU.",
+    )
+    @argument(
+        "--platform",
+        default=None,
+        help=f"JAX platform for every process: {', '.join(PLATFORMS)}. Default: JAX's choice.",
+    )
+    @argument(
+        "--timeout",
+        default="120",
+        help="seconds to wait for engines to register and for jax.distributed. Default 120.",
+    )
+    @argument(
+        "--coordinator-port",
+        default=None,
+        help="port of the jax.distributed coordinator on process 0. Default: a free port.",
+    )
+    @argument(
+        "--launcher",
+        default="local",
+        help=f"how engines are started: {', '.join(LAUNCHERS)}. Default local.",
+    )
+    @line_magic
+    @_usage_errors
+    def jax_cluster(self, line: str) -> None:
+        """Start, stop, restart or inspect the JAX cluster behind this notebook.
+
+        Examples::
+
+            %jax_cluster start --nodes 4 --devices-per-node 2
+            %jax_cluster status
+            %jax_cluster restart
+            %jax_cluster stop
+        """
+        args = parse_argstring(self.jax_cluster, line)
+        getattr(self, f"_{args.action}")(args)
+
+    def _start(self, args: Any) -> None:
+        if self.cluster is not None and self.cluster.running:
+            raise UsageError(
+                "A cluster is already running. Stop it first (%jax_cluster stop) or restart it "
+                "(%jax_cluster restart)."
+            )
+        cluster = JaxCluster(
+            nodes=args.nodes,
+            devices_per_node=args.devices_per_node,
+            platform=args.platform,
+            launcher=args.launcher,
+            timeout=args.timeout,
+            coordinator_port=args.coordinator_port,
+        )
+        self._run_with_progress("starting", cluster.start)
+        self.cluster = cluster
+
+    def _restart(self, args: Any) -> None:
+        cluster = self.require_cluster()
+        self._run_with_progress("restarting", cluster.restart)
+
+    def _stop(self, args: Any) -> None:
+        cluster, self.cluster = self.cluster, None
+        if cluster is None:
+            print("No cluster is running.")
+            return
+        cluster.stop()
+        print("Cluster stopped.")
+
+    def _status(self, args: Any) -> None:
+        statuses = self.require_cluster().status()
+        show(status_text(statuses), status_html(statuses))
+
+    def _run_with_progress(self, title: str, action: Any) -> None:
+        progress = StartProgress(title)
+        try:
+            cluster = action(progress=progress)
+        except BaseException:
+            progress.finish(None)
+            raise
+        progress.finish(cluster.summary())
+
+    def stop_all(self) -> None:
+        if self.cluster is not None:
+            self.cluster.stop()
+            self.cluster = None
+
+
+_magics: JaxClusterMagics | None = None
+
+
+def load_ipython_extension(ip: Any) -> None:
+    global _magics
+    if _magics is not None and _magics.shell is ip:
+        return
+    _magics = JaxClusterMagics(ip)
+    ip.register_magics(_magics)
+
+
+def unload_ipython_extension(ip: Any) -> None:
+    global _magics
+    if _magics is None:
+        return
+    _magics.stop_all()
+    for kind, names in _magics.magics.items():
+        for name in names:
+            ip.magics_manager.magics[kind].pop(name, None)
+    _magics = None

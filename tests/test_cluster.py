@@ -1,0 +1,184 @@
+"""The cluster lifecycle on a real controller and real engines (issue 2)."""
+
+from __future__ import annotations
+
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+
+import ipyparallel as ipp
+import pytest
+
+from jaxcluster import ConfigError, JaxCluster, JaxClusterError, NoClusterError
+from tests.conftest import cluster_processes, wait_until_gone
+
+pytestmark = pytest.mark.cluster
+
+
+def test_every_process_sees_the_global_device_set(cluster):
+    assert [p.process_index for p in cluster.processes] == [0, 1, 2, 3]
+    assert [p.local_device_ids for p in cluster.processes] == [
+        (0, 1), (2048, 2049), (4096, 4097), (6144, 6145)
+    ]
+
+    @ipp.interactive
+    def probe():
+        import jax
+
+        return jax.process_index(), jax.device_count(), jax.local_device_count()
+
+    answers = cluster.view.apply_sync(probe)
+    assert answers == [(i, 8, 2) for i in range(4)]
+
+
+def test_summary_and_status(cluster):
+    assert cluster.summary().startswith("4 processes × 2 cpu devices = 8 global devices, ready in ")
+    rows = cluster.status()
+    assert [r.process_index for r in rows] == [0, 1, 2, 3]
+    assert {r.state for r in rows} == {"idle"}
+    assert len({r.pid for r in rows}) == 4
+    assert all(r.platform == "cpu" for r in rows)
+
+
+def test_status_shows_a_busy_process(cluster):
+    import time
+
+    ar = cluster.client[cluster.engine_ids[2]].apply_async(time.sleep, 3)
+    try:
+        # the controller learns of the task a moment after it is sent
+        deadline = time.monotonic() + 2
+        states = [r.state for r in cluster.status()]
+        while states[2] != "busy" and time.monotonic() < deadline:
+            time.sleep(0.05)
+            states = [r.state for r in cluster.status()]
+        assert states == ["idle", "idle", "busy", "idle"]
+    finally:
+        ar.get(10)
+    assert [r.state for r in cluster.status()] == ["idle"] * 4
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"nodes": 0}, "--nodes must be a whole number of at least 1"),
+        ({"nodes": -1}, "--nodes must be a whole number"),
+        ({"nodes": "abc"}, "not 'abc'"),
+        ({"platform": "quantum"}, "Unknown platform 'quantum'"),
+        ({"platform": "gpu", "devices_per_node": 2}, "only applies to the CPU platform"),
+        ({"launcher": "carrier-pigeon"}, "Unknown launcher"),
+        ({"timeout": 0}, "--timeout must be a positive number"),
+        ({"coordinator_port": 70000}, "between 1 and 65535"),
+    ],
+)
+def test_bad_options_are_rejected_before_anything_starts(kwargs, message):
+    with pytest.raises(ConfigError, match=message):
+        JaxCluster(**kwargs)
+
+
+def test_no_cluster_errors_name_the_fix():
+    with pytest.raises(NoClusterError, match="%jax_cluster start --nodes N"):
+        JaxCluster(nodes=2).status()
+
+
+def _assert_nothing_left(cluster: JaxCluster) -> None:
+    assert cluster.cluster_id
+    assert not cluster.running
+    leftovers = cluster_processes(cluster.cluster_id)
+    assert wait_until_gone([p.pid for p in leftovers], 10) == []
+
+
+def test_engine_that_cannot_import_jax_fails_start_cleanly(tmp_path):
+    broken = tmp_path / "jax"
+    broken.mkdir()
+    (broken / "__init__.py").write_text("raise ImportError('jax is broken on this host (test)')\n")
+    cluster = JaxCluster(nodes=2, engine_env={"PYTHONPATH": str(tmp_path)}, timeout=60)
+    with pytest.raises(JaxClusterError) as info:
+        cluster.start()
+    message = str(info.value)
+    assert "processes 0-1" in message
+    assert "ImportError: jax is broken on this host (test)" in message
+    _assert_nothing_left(cluster)
+
+
+def test_initialize_failure_names_processes_and_quotes_the_engine(tmp_path):
+    # No GPU here: JAX on the engines fails to create the CUDA backend.
+    cluster = JaxCluster(nodes=2, platform="cuda", timeout=60)
+    with pytest.raises(JaxClusterError) as info:
+        cluster.start()
+    message = str(info.value)
+    assert "on processes 0-1" in message
+    assert "cuda" in message.lower()
+    _assert_nothing_left(cluster)
+
+
+def test_taken_coordinator_port_is_a_clear_error():
+    with socket.socket() as sock:
+        sock.bind(("", 0))
+        sock.listen()
+        port = sock.getsockname()[1]
+        cluster = JaxCluster(nodes=2, coordinator_port=port, timeout=60)
+        with pytest.raises(JaxClusterError, match=f"coordinator port {port} is already in use"):
+            cluster.start()
+    _assert_nothing_left(cluster)
+
+
+def test_restart_gives_fresh_processes_and_a_working_jax():
+    with JaxCluster(nodes=2, timeout=60) as cluster:
+        before = {p.pid for p in cluster.processes}
+        cluster.restart()
+        after = {p.pid for p in cluster.processes}
+        assert before.isdisjoint(after)
+        assert wait_until_gone(list(before), 10) == []
+
+        @ipp.interactive
+        def total():
+            import jax
+            import jax.numpy as jnp
+            from jax.experimental import multihost_utils
+
+            return int(multihost_utils.process_allgather(jnp.ones(())).sum())
+
+        assert cluster.view.apply_sync(total) == [2, 2]
+    _assert_nothing_left(cluster)
+
+
+SCRIPT = """
+import os, sys, time, json
+from jaxcluster import JaxCluster
+cluster = JaxCluster(nodes=2, timeout=60).start()
+print(json.dumps({"cluster_id": cluster.cluster_id,
+                  "pids": [p.pid for p in cluster.processes]}), flush=True)
+mode = sys.argv[1]
+if mode == "exception":
+    raise RuntimeError("the user's script failed")
+if mode == "wait":
+    time.sleep(600)
+"""
+
+
+@pytest.mark.parametrize("mode", ["normal", "exception", "sigkill"])
+def test_no_orphans_when_the_starting_process_exits(tmp_path, mode):
+    import json
+
+    script = tmp_path / "starter.py"
+    script.write_text(textwrap.dedent(SCRIPT))
+    proc = subprocess.Popen(
+        [sys.executable, str(script), "wait" if mode == "sigkill" else mode],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        first = proc.stdout.readline()
+        assert first, proc.stderr.read()
+        info = json.loads(first)
+        pids = [p.pid for p in cluster_processes(info["cluster_id"])]
+        assert set(info["pids"]) <= set(pids)
+        assert len(pids) >= 3  # controller + 2 engines (and their nannies)
+        if mode == "sigkill":
+            proc.send_signal(signal.SIGKILL)
+        proc.wait(60)
+        assert wait_until_gone(pids, 30) == []
+    finally:
+        if proc.poll() is None:
+            proc.kill()
