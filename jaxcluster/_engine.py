@@ -7,7 +7,9 @@ import this module from the same installation; keep it free of IPython and of cl
 
 from __future__ import annotations
 
+import faulthandler
 import os
+import signal
 import socket
 import threading
 from typing import Any
@@ -20,10 +22,21 @@ def main() -> None:
     ``jax.distributed.initialize`` no longer waits for it. A failed import is reported later,
     when ``initialize`` imports jax again and gets the same error.
     """
+    _dump_stacks_on_sigusr1()
     threading.Thread(target=_import_jax_quietly, name="jaxcluster-import-jax", daemon=True).start()
     from ipyparallel.engine.app import main as engine_main
 
     engine_main()
+
+
+def _dump_stacks_on_sigusr1() -> None:
+    """Let the client read this process's stacks even while it is blocked in C (see stacks.py)."""
+    stack_dir = os.environ.get("JAXCLUSTER_STACK_DIR")
+    if not stack_dir or not os.path.isdir(stack_dir):
+        return
+    # append mode: the client truncates the file before each dump
+    stack_file = open(os.path.join(stack_dir, f"{os.getpid()}.txt"), "a")  # noqa: SIM115
+    faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
 
 
 def _import_jax_quietly() -> None:

@@ -9,9 +9,11 @@ from __future__ import annotations
 import atexit
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import weakref
 from collections.abc import Callable
@@ -22,6 +24,7 @@ import ipyparallel as ipp
 import psutil
 
 from . import _engine
+from .stacks import main_thread_stack
 from .errors import ConfigError, JaxClusterError, NoClusterError
 from .launchers import check_launcher, engine_environment, plan_launch
 from .output import process_label
@@ -148,6 +151,7 @@ class JaxCluster:
         self._client: ipp.Client | None = None
         self._view: ipp.DirectView | None = None
         self._watchdog: subprocess.Popen | None = None
+        self._stack_dir: str | None = None
 
     # -- public surface ---------------------------------------------------------------------
 
@@ -188,6 +192,7 @@ class JaxCluster:
                 "(%jax_cluster restart)."
             )
         began = time.perf_counter()
+        self._stack_dir = tempfile.mkdtemp(prefix="jaxcluster-stacks-")
         plan = plan_launch(self.launcher, self._environment())
         cluster = ipp.Cluster(
             n=self.nodes,
@@ -228,6 +233,9 @@ class JaxCluster:
             _kill_engines(cluster)
             cluster.stop_cluster_sync()
         self._stop_watchdog()
+        if self._stack_dir is not None:
+            shutil.rmtree(self._stack_dir, ignore_errors=True)
+            self._stack_dir = None
 
     def restart(self, progress: Progress | None = None) -> JaxCluster:
         """Fresh engines and a fresh ``jax.distributed`` with the same options.
@@ -287,6 +295,62 @@ class JaxCluster:
             line += f", ready in {self.startup_seconds:.1f} s"
         return line
 
+    def run(self, code: str, timeout: float | None = None, **options: Any) -> Any:
+        """Run ``code`` on every process in lockstep; see ``spmd.run`` for the options.
+
+        Returns an ``SPMDResult`` with each process's outputs, value and error.
+        """
+        from .spmd import run
+
+        return run(self, code, timeout=timeout, **options)
+
+    def dead_processes(self) -> dict[int, str]:
+        """Process index -> how it died, for processes whose engine is gone."""
+        exit_codes = self._engine_exit_codes()
+        alive_ids = None if self.launcher == "local" else set(self.client.ids)
+        dead = {}
+        for proc in self.processes:
+            if proc.pid in exit_codes:
+                code = exit_codes[proc.pid]
+                dead[proc.process_index] = (
+                    f"died (signal {-code})" if isinstance(code, int) and code < 0
+                    else f"died (exit code {code})"
+                )
+            elif alive_ids is None and not self._pid_alive(proc):
+                dead[proc.process_index] = "died"
+            elif alive_ids is not None and proc.engine_id not in alive_ids:
+                dead[proc.process_index] = "stopped answering the controller's heartbeat"
+        return dead
+
+    def dump_stacks(self, process_indices: list[int], wait: float = 2.0) -> dict[int, str]:
+        """The current Python stack of each given process (local engines only)."""
+        if self.launcher != "local" or not self._stack_dir:
+            return {}
+        files = {}
+        for index in process_indices:
+            proc = self.processes[index]
+            path = os.path.join(self._stack_dir, f"{proc.pid}.txt")
+            try:
+                open(path, "w").close()
+                os.kill(proc.pid, signal.SIGUSR1)
+                files[index] = path
+            except OSError:
+                continue
+        stacks: dict[int, str] = {}
+        previous: dict[int, str] = {}
+        deadline = time.monotonic() + wait
+        while files and time.monotonic() < deadline:
+            time.sleep(0.1)
+            for index, path in list(files.items()):
+                with open(path) as f:
+                    dump = f.read()
+                # the signal handler writes the whole dump at once; unchanged means finished
+                if dump and dump == previous.get(index):
+                    stacks[index] = main_thread_stack(dump)
+                    del files[index]
+                previous[index] = dump
+        return stacks
+
     def __enter__(self) -> JaxCluster:
         return self.start()
 
@@ -308,6 +372,8 @@ class JaxCluster:
         if devices is None and self.platform in (None, "cpu"):
             devices = DEFAULT_CPU_DEVICES
         env = engine_environment(self.platform, devices)
+        if self._stack_dir:
+            env["JAXCLUSTER_STACK_DIR"] = self._stack_dir
         env.update(self.engine_env)
         return env
 
@@ -365,6 +431,17 @@ class JaxCluster:
                     f"{os.path.join(self._ipp_cluster.profile_dir, 'log')}."
                 )
             time.sleep(POLL_SECONDS)
+
+    def _engine_exit_codes(self) -> dict[int, Any]:
+        cluster = self._ipp_cluster
+        codes: dict[int, Any] = {}
+        if cluster is None:
+            return codes
+        for engine_set in list(cluster.engines.values()):
+            for launcher in list(getattr(engine_set, "launchers", {}).values()):
+                if launcher.state == "after":
+                    codes[launcher.pid] = (launcher.stop_data or {}).get("exit_code")
+        return codes
 
     def _exited_engine_output(self) -> list[str]:
         cluster = self._ipp_cluster

@@ -6,6 +6,7 @@ Edge module: it uses IPython's display machinery and ipywidgets, like the magics
 from __future__ import annotations
 
 import sys
+import time
 from typing import Any
 
 from IPython import get_ipython
@@ -68,3 +69,43 @@ class StartProgress:
                 sys.stderr.flush()
             if text:
                 print(text)
+
+
+class LiveCell:
+    """A running cell's status and streamed output, updated in place in a notebook.
+
+    Nothing is shown for a cell that ends within ``delay`` seconds without output, so quick
+    cells leave no trace; at the end the live area becomes the cell's final streamed output.
+    Outside a notebook nothing streams and only the final output is printed.
+    """
+
+    def __init__(self, delay: float = 0.5) -> None:
+        self._delay = delay
+        self._started = time.monotonic()
+        self._handle: Any = None
+        self._live = in_notebook()
+
+    def update(self, text: str, html: str, has_output: bool) -> None:
+        if not self._live:
+            return
+        if self._handle is None:
+            if not has_output and time.monotonic() - self._started < self._delay:
+                return
+            self._handle = display(_bundle(text, html), raw=True, display_id=True)
+        else:
+            self._handle.update(_bundle(text, html), raw=True)
+
+    def finish(self, text: str, html: str) -> None:
+        if self._handle is not None:
+            self._handle.update(_bundle(text, html), raw=True)
+        elif text:
+            show(text, html)
+
+
+def _bundle(text: str, html: str) -> dict[str, str]:
+    return {"text/plain": text, "text/html": html} if html else {"text/plain": text}
+
+
+def show_bundle(bundle: dict, metadata: dict | None = None) -> None:
+    """Re-publish a display bundle that came from an engine."""
+    display(bundle, raw=True, metadata=metadata or {})

@@ -20,3 +20,18 @@ class ConfigError(JaxClusterError, ValueError):
 
 class NoClusterError(JaxClusterError):
     """An operation needs a running cluster and there is none."""
+
+
+class SPMDError(JaxClusterError):
+    """A ``%%spmd`` cell failed on some processes, hung, died or was interrupted.
+
+    Rendered as the processes' own tracebacks, labelled by process, and the report of what
+    happened; never with our frames.
+    """
+
+    def __init__(self, summary: str, lines: list[str]) -> None:
+        super().__init__(summary)
+        self.lines = lines
+
+    def _render_traceback_(self) -> list[str]:
+        return list(self.lines)

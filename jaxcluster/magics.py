@@ -5,13 +5,16 @@ from __future__ import annotations
 from typing import Any
 
 from IPython.core.error import UsageError
-from IPython.core.magic import Magics, line_magic, magics_class
+from IPython.core.magic import Magics, cell_magic, line_magic, magics_class, no_var_expand
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
 from .cluster import PLATFORMS, JaxCluster
-from .display import StartProgress, show
-from .errors import ConfigError, NoClusterError
+from .display import LiveCell, StartProgress, show, show_bundle
+from .errors import ConfigError, NoClusterError, SPMDError
 from .launchers import LAUNCHERS
+from .output import label, parse_process_spec
+from .render import cell as cell_render
+from .spmd import DEFAULT_HANG_AFTER
 from .render.status import status_html, status_text
 
 
@@ -136,10 +139,108 @@ class JaxClusterMagics(Magics):
             raise
         progress.finish(cluster.summary())
 
+    @magic_arguments()
+    @argument(
+        "-p",
+        "--process",
+        default="all",
+        help="show only these processes' output: 0, 0,2, 1-3 or all (the cell runs on all). "
+        "Default all.",
+    )
+    @argument(
+        "--no-collapse",
+        action="store_true",
+        help="show every process's output separately, even where it is identical.",
+    )
+    @argument(
+        "--timeout",
+        default=None,
+        help="give up on the cell after this many seconds: report, then restart the cluster.",
+    )
+    @argument(
+        "--hang-after",
+        default=str(DEFAULT_HANG_AFTER),
+        help="once some processes have ended, give up on the others after this many seconds "
+        f"(they are stuck in a collective): report, then restart the cluster. Default "
+        f"{DEFAULT_HANG_AFTER:g}.",
+    )
+    @no_var_expand
+    @cell_magic
+    @_usage_errors
+    def spmd(self, line: str, cell: str) -> None:
+        """Run this cell on every JAX process in lockstep and gather their output.
+
+        The cell reaches the processes exactly as written ({x} and $x are not expanded) and
+        runs in each process's own namespace. Output identical across processes is shown once,
+        labelled [processes 0-3]; output that differs is shown per process. An error on any
+        process is shown with its label and the process's own traceback, and the cell fails.
+        If some processes end while others stay stuck (e.g. in a collective), the cell ends
+        after --hang-after seconds with a report and the cluster is restarted (state is lost).
+
+        Examples::
+
+            %%spmd
+            import jax
+            print(jax.process_index(), jax.device_count())
+
+            %%spmd -p 0 --timeout 600
+            train()
+        """
+        args = parse_argstring(self.spmd, line)
+        cluster = self.require_cluster()
+        try:
+            selected = parse_process_spec(args.process, len(cluster.processes))
+        except ValueError as e:
+            raise UsageError(f"-p/--process: {e}") from None
+        timeout = _seconds(args.timeout, "--timeout") if args.timeout is not None else None
+        hang_after = _seconds(args.hang_after, "--hang-after")
+        collapsed = not args.no_collapse
+        live = LiveCell()
+
+        def on_update(result: Any) -> None:
+            text = cell_render.streams_text(result.processes, selected, collapsed)
+            html = cell_render.streams_html(result.processes, selected, collapsed)
+            status = cell_render.status_text(result.processes, result.elapsed_so_far())
+            live.update(f"{status}\n{text}", f"<div class='jc-status-line'>{status}</div>{html}",
+                        has_output=bool(text))
+
+        result = cluster.run(
+            cell,
+            timeout=timeout,
+            hang_after=hang_after,
+            on_update=on_update,
+            on_restart=lambda: cluster.restart(progress=StartProgress("restarting the cluster")),
+        )
+        live.finish(
+            cell_render.streams_text(result.processes, selected, collapsed),
+            cell_render.streams_html(result.processes, selected, collapsed),
+        )
+        for indices, output in cell_render.display_groups(result.processes, selected, collapsed):
+            show(label(indices))
+            show_bundle(output.get("data", {}), output.get("metadata"))
+        for indices, bundle in cell_render.result_groups(result.processes, selected, collapsed):
+            if set(bundle) == {"text/plain"}:
+                show(f"{label(indices)} {bundle['text/plain']}")
+            else:
+                show(label(indices))
+                show_bundle(bundle)
+        if not result.ok:
+            raise SPMDError(*cell_render.error_report(result, selected, collapsed))
+
     def stop_all(self) -> None:
         if self.cluster is not None:
             self.cluster.stop()
             self.cluster = None
+
+
+def _seconds(value: str, option: str) -> float:
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = -1
+    if not seconds > 0:
+        raise UsageError(f"{option} takes a positive number of seconds, not {value!r} (e.g. {option} 30).")
+    return seconds
 
 
 _magics: JaxClusterMagics | None = None

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import json
+import re
+from collections.abc import Callable, Hashable, Iterable, Sequence
+from typing import TypeVar
 
 
 def format_ranges(indices: Iterable[int]) -> str:
@@ -31,3 +34,64 @@ def process_label(indices: Iterable[int]) -> str:
     indices = sorted(set(indices))
     word = "process" if len(indices) == 1 else "processes"
     return f"{word} {format_ranges(indices)}"
+
+
+# The runtime's own chatter, not the user's output: gloo announces every connection it makes.
+NOISE = re.compile(r"^\[Gloo\] Rank \d+ is connected to \d+ peer ranks\..*\n?", re.MULTILINE)
+
+
+def clean_stream(text: str) -> str:
+    return NOISE.sub("", text)
+
+
+def parse_process_spec(spec: str, count: int) -> list[int]:
+    """``0``, ``0,2``, ``1-3``, ``all`` -> sorted process indices; ValueError names the problem."""
+    spec = spec.strip()
+    if spec == "all":
+        return list(range(count))
+    chosen: set[int] = set()
+    for part in spec.split(","):
+        part = part.strip()
+        match = re.fullmatch(r"(\d+)(?:-(\d+))?", part)
+        if not match:
+            raise ValueError(
+                f"{part!r} in {spec!r} is not a process index or range; use e.g. 0, 0,2, 1-3 or all."
+            )
+        first = int(match.group(1))
+        last = int(match.group(2)) if match.group(2) else first
+        if last < first:
+            raise ValueError(f"The range {part!r} runs backwards; write it as {last}-{first}.")
+        if last >= count:
+            raise ValueError(
+                f"There is no process {last}: this cluster has processes 0-{count - 1}."
+            )
+        chosen.update(range(first, last + 1))
+    return sorted(chosen)
+
+
+T = TypeVar("T")
+
+
+def collapse(
+    items: Sequence[tuple[int, T]], key: Callable[[T], Hashable], enabled: bool = True
+) -> list[tuple[list[int], T]]:
+    """Group equal items across processes, in order of first appearance.
+
+    ``[(0, "a"), (1, "a"), (2, "b")]`` -> ``[([0, 1], "a"), ([2], "b")]``.
+    """
+    if not enabled:
+        return [([index], item) for index, item in items]
+    groups: dict[Hashable, tuple[list[int], T]] = {}
+    for index, item in items:
+        groups.setdefault(key(item), ([], item))[0].append(index)
+    return list(groups.values())
+
+
+def bundle_key(bundle: dict | None) -> Hashable:
+    """A hashable stand-in for a mime bundle, so equal displays collapse."""
+    return json.dumps(bundle, sort_keys=True, default=str)
+
+
+def label(indices: Sequence[int], suffix: str = "") -> str:
+    """``[processes 0-3]``, ``[process 1 stderr]``."""
+    return f"[{process_label(indices)}{' ' + suffix if suffix else ''}]"
