@@ -6,6 +6,7 @@ Running code on the processes lives in ``spmd.py``.
 
 from __future__ import annotations
 
+import asyncio
 import atexit
 import logging
 import os
@@ -14,6 +15,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import weakref
 from collections.abc import Callable
@@ -152,6 +154,7 @@ class JaxCluster:
         self._view: ipp.DirectView | None = None
         self._watchdog: subprocess.Popen | None = None
         self._stack_dir: str | None = None
+        self._loop = _LoopThread()
 
     # -- public surface ---------------------------------------------------------------------
 
@@ -209,10 +212,10 @@ class JaxCluster:
         self.cluster_id = cluster.cluster_id
         _running.add(self)
         try:
-            cluster.start_controller_sync()
+            self._loop.run(cluster.start_controller())
             _register_atexit()
             self._start_watchdog()
-            self._client = cluster.connect_client_sync()
+            self._client = self._loop.run(cluster.connect_client())
             self._start_processes(progress)
         except BaseException:
             self.stop()
@@ -231,7 +234,7 @@ class JaxCluster:
             client.close()
         if cluster is not None:
             _kill_engines(cluster)
-            cluster.stop_cluster_sync()
+            self._loop.run(cluster.stop_cluster())
         self._stop_watchdog()
         if self._stack_dir is not None:
             shutil.rmtree(self._stack_dir, ignore_errors=True)
@@ -254,7 +257,7 @@ class JaxCluster:
         self.processes = []
         try:
             _kill_engines(cluster)
-            cluster.stop_engines_sync()
+            self._loop.run(cluster.stop_engines())
             self._start_processes(progress)
         except BaseException:
             self.stop()
@@ -308,6 +311,14 @@ class JaxCluster:
         """Process index -> how it died, for processes whose engine is gone."""
         exit_codes = self._engine_exit_codes()
         alive_ids = None if self.launcher == "local" else set(self.client.ids)
+        gone = [p for p in self.processes if p.pid not in exit_codes and not self._pid_alive(p)]
+        deadline = time.monotonic() + 3
+        while alive_ids is None and gone and time.monotonic() < deadline:
+            # ipyparallel's launcher reaps its engines in a thread; give it a moment so that
+            # we can say how the process ended
+            time.sleep(0.05)
+            exit_codes = self._engine_exit_codes()
+            gone = [p for p in gone if p.pid not in exit_codes]
         dead = {}
         for proc in self.processes:
             if proc.pid in exit_codes:
@@ -383,7 +394,7 @@ class JaxCluster:
         client = self._client
         assert cluster is not None and client is not None
         known = set(client.ids)
-        cluster.start_engines_sync(self.nodes)
+        self._loop.run(cluster.start_engines(self.nodes))
         engine_ids = self._wait_for_engines(known, progress)
         identities = self._gather(
             {eid: client[eid].apply_async(_engine.identity) for eid in engine_ids},
@@ -432,29 +443,32 @@ class JaxCluster:
                 )
             time.sleep(POLL_SECONDS)
 
-    def _engine_exit_codes(self) -> dict[int, Any]:
+    def _exited_engines(self) -> list[tuple[dict, str]]:
+        """(stop data, output) of every engine whose process has ended.
+
+        ipyparallel's engine sets move an ended engine's launcher out of ``launchers`` and keep
+        its exit data under ``stop_data["engines"]`` and its output under ``outputs``.
+        """
         cluster = self._ipp_cluster
-        codes: dict[int, Any] = {}
         if cluster is None:
-            return codes
+            return []
+        ended = []
         for engine_set in list(cluster.engines.values()):
-            for launcher in list(getattr(engine_set, "launchers", {}).values()):
-                if launcher.state == "after":
-                    codes[launcher.pid] = (launcher.stop_data or {}).get("exit_code")
-        return codes
+            stop_data = dict(getattr(engine_set, "stop_data", None) or {})
+            outputs = getattr(engine_set, "outputs", None) or {}
+            for identifier, data in dict(stop_data.get("engines") or {}).items():
+                ended.append((data, outputs.get(identifier, "")))
+        return ended
+
+    def _engine_exit_codes(self) -> dict[int, Any]:
+        return {data.get("pid"): data.get("exit_code") for data, _ in self._exited_engines()}
 
     def _exited_engine_output(self) -> list[str]:
-        cluster = self._ipp_cluster
-        assert cluster is not None
-        outputs = []
-        for engine_set in cluster.engines.values():
-            for launcher in getattr(engine_set, "launchers", {}).values():
-                if launcher.state == "after":
-                    text = launcher.get_output().strip().splitlines()[-15:]
-                    code = (launcher.stop_data or {}).get("exit_code")
-                    outputs.append(f"--- engine pid {launcher.pid} (exit code {code}) ---")
-                    outputs.extend(text)
-        return outputs
+        lines = []
+        for data, output in self._exited_engines():
+            lines.append(f"--- engine pid {data.get('pid')} (exit code {data.get('exit_code')}) ---")
+            lines.extend(output.strip().splitlines()[-15:])
+        return lines
 
     def _gather(
         self,
@@ -582,6 +596,27 @@ class JaxCluster:
         if watchdog is not None and watchdog.poll() is None:
             watchdog.kill()
             watchdog.wait()
+
+
+class _LoopThread:
+    """One event loop, in a thread of its own, that drives ipyparallel's async Cluster.
+
+    ipyparallel's ``*_sync`` methods run each call on a loop that is closed afterwards, so the
+    launchers' "process exited" callbacks (with the exit code we report) would never run.
+    """
+
+    def __init__(self) -> None:
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._lock = threading.Lock()
+
+    def run(self, coroutine: Any, timeout: float | None = None) -> Any:
+        with self._lock:
+            if self._loop is None:
+                self._loop = asyncio.new_event_loop()
+                threading.Thread(
+                    target=self._loop.run_forever, name="jaxcluster-ipyparallel", daemon=True
+                ).start()
+        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result(timeout)
 
 
 def _kill_engines(cluster: ipp.Cluster) -> None:

@@ -1,0 +1,493 @@
+"""The JAX Cluster kernel: an IPython kernel in which every cell runs on every JAX process.
+
+It is ipykernel's ``IPythonKernel`` with jaxcluster loaded, plus:
+
+- an input transformer (IPython's documented ``input_transformers_cleanup`` hook) that turns
+  every plain cell into a ``%%spmd`` cell while a cluster runs; cell magics, ``%%local`` and
+  cells made only of line magics, shell escapes and help (``x?``) stay in this process;
+- a cluster started when the kernel starts, from ``JAXCLUSTER_NODES`` or
+  ``c.JaxClusterKernel.nodes``; the first cell waits for it and shows its progress;
+- completion, signatures and ``x?`` answered from process 0's namespace;
+- shutdown and restart that stop the cluster first.
+
+Interrupts need nothing here: the kernelspec asks for ``interrupt_mode: signal``, so SIGINT
+raises KeyboardInterrupt in the running ``%%spmd`` cell, which interrupts every process.
+
+Run as ``python -m jaxcluster.kernel -f CONNECTION_FILE`` (what the kernelspec does).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import os
+import re
+import sys
+import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from IPython.core import page
+from IPython.core.error import UsageError
+from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
+from ipykernel.ipkernel import IPythonKernel
+from traitlets import Float, Integer, Unicode
+
+if TYPE_CHECKING:
+    from .cluster import JaxCluster
+
+ENV_NODES = "JAXCLUSTER_NODES"
+ENV_DEVICES_PER_NODE = "JAXCLUSTER_DEVICES_PER_NODE"
+ENV_PLATFORM = "JAXCLUSTER_PLATFORM"
+
+# ``x?``, ``x.y??``, ``%magic?``, ``a*b?`` (IPython's help syntax at the end of a line)
+_HELP_END = re.compile(r"^%{0,2}[\w.*\[\]-]+\?{1,2}$")
+
+
+# -- which cells run where (pure) -------------------------------------------------------------
+
+
+def _is_local_line(line: str) -> bool:
+    """Blank, comment, line magic, shell escape or help request: the notebook's own business."""
+    text = line.strip()
+    return not text or text.startswith(("#", "%", "!", "?")) or bool(_HELP_END.match(text))
+
+
+def cell_kind(cell: str) -> str:
+    """Where a cell belongs once a cluster runs.
+
+    ``"local"``: a ``%%local`` cell; ``"magic"``: any other cell magic (``%%spmd`` included),
+    which decides for itself; ``"lines"``: only line magics, shell escapes, help and comments,
+    which stay local; ``"code"``: everything else, which runs on every process.
+    """
+    lines = cell.splitlines()
+    while lines and not lines[0].strip():
+        lines.pop(0)
+    if not lines:
+        return "lines"
+    if lines[0].startswith("%%"):
+        return "local" if lines[0].strip() == "%%local" else "magic"
+    if all(_is_local_line(line) for line in lines):
+        return "lines"
+    return "code"
+
+
+def spmd_lines(lines: list[str], cluster_active: bool) -> list[str]:
+    """The transformation itself: ``%%spmd`` in front of code cells, ``%%local`` removed."""
+    kind = cell_kind("".join(lines))
+    if kind == "local":
+        first = next(i for i, line in enumerate(lines) if line.strip())
+        # a blank line instead of the magic keeps traceback line numbers those of the cell
+        return [*lines[:first], "\n", *lines[first + 1 :]]
+    if kind == "code" and cluster_active:
+        return ["%%spmd\n", *lines]
+    return lines
+
+
+def remote_code(cell: str, cursor_pos: int) -> tuple[str, int, int] | None:
+    """(code, cursor, offset) to complete on process 0, or None to complete locally.
+
+    ``offset`` is where ``code`` starts in ``cell``: the body of a ``%%spmd`` cell is sent
+    without its magic line, whose options are completed locally.
+    """
+    kind = cell_kind(cell)
+    line_start = cell.rfind("\n", 0, cursor_pos) + 1
+    line_end = cell.find("\n", cursor_pos)
+    cursor_line = cell[line_start : len(cell) if line_end < 0 else line_end]
+    if kind == "code":
+        return None if _is_local_line(cursor_line) and cursor_line.strip() else (cell, cursor_pos, 0)
+    if kind == "magic":
+        body = cell.find("\n", len(cell) - len(cell.lstrip("\n")))
+        magic_line = cell[:body] if body >= 0 else cell
+        if magic_line.split()[0] != "%%spmd" or body < 0 or cursor_pos <= body:
+            return None
+        return cell[body + 1 :], cursor_pos - body - 1, body + 1
+    return None
+
+
+# -- what process 0 runs for completion and inspection ----------------------------------------
+# Shipped by reference through ipyparallel: they import what they need on the engine, where
+# get_ipython() is the engine's own shell and its namespace is the cells' namespace.
+
+
+def _complete_on_engine(code: str, cursor_pos: int) -> dict:
+    """A complete_reply's content computed by this engine's IPython (as ipykernel does)."""
+    from IPython import get_ipython
+    from IPython.core.completer import provisionalcompleter, rectify_completions
+
+    shell = get_ipython()
+    with provisionalcompleter():
+        found = list(rectify_completions(code, shell.Completer.completions(code, cursor_pos)))
+    start, end = (found[0].start, found[0].end) if found else (cursor_pos, cursor_pos)
+    types = [
+        {"start": c.start, "end": c.end, "text": c.text, "type": c.type, "signature": c.signature}
+        for c in found
+    ]
+    return {
+        "matches": [c.text for c in found],
+        "cursor_start": start,
+        "cursor_end": end,
+        "metadata": {"_jupyter_types_experimental": types},
+        "status": "ok",
+    }
+
+
+def _inspect_on_engine(
+    code: str, cursor_pos: int, detail_level: int, omit_sections: tuple = ()
+) -> dict | None:
+    """The mime bundle ``x?`` would show for the name at the cursor, or None if unknown."""
+    from IPython import get_ipython
+    from IPython.utils.tokenutil import token_at_cursor
+
+    shell = get_ipython()
+    name = token_at_cursor(code, cursor_pos)
+    try:
+        return shell.object_inspect_mime(
+            name, detail_level=detail_level, omit_sections=tuple(omit_sections)
+        )
+    except KeyError:
+        return None
+
+
+# -- the kernel's own magics --------------------------------------------------------------------
+
+
+@magics_class
+class KernelMagics(Magics):
+    """``%%local``, and ``x?`` / ``x??`` that look at process 0 while a cluster runs."""
+
+    def __init__(self, shell: Any, kernel: JaxClusterKernel) -> None:
+        super().__init__(shell)
+        self.kernel = kernel
+        # IPython's own help magics, for names process 0 does not know and for wildcards
+        self._local_pinfo = {name: shell.find_line_magic(name) for name in ("pinfo", "pinfo2")}
+
+    @cell_magic
+    def local(self, line: str, cell: str) -> Any:
+        """Run this cell in the notebook's own process, not on the JAX processes.
+
+        In the JAX Cluster kernel every plain cell runs on every process once a cluster runs;
+        a cell that starts with %%local runs here instead, like in a plain IPython kernel::
+
+            %%local
+            import matplotlib.pyplot as plt
+            plt.plot(losses)
+        """
+        if line.strip():
+            raise UsageError("%%local takes no options; put the cell's code on the lines below it.")
+        # The kernel's transformer runs a cell that starts with %%local as a plain local cell,
+        # so this only runs when called another way (e.g. run_cell_magic): exec the code and
+        # return its last expression, which IPython then shows as the value.
+        import ast
+
+        from IPython.core.inputtransformer2 import TransformerManager
+
+        # a fresh manager: IPython's syntax without this kernel's own transformer
+        source = TransformerManager().transform_cell(cell)
+        tree = ast.parse(source)
+        last = tree.body.pop() if tree.body and isinstance(tree.body[-1], ast.Expr) else None
+        ns = self.shell.user_ns
+        exec(compile(tree, "<%%local>", "exec"), ns)
+        if last is not None:
+            return eval(compile(ast.Expression(last.value), "<%%local>", "eval"), ns)
+        return None
+
+    @line_magic
+    def pinfo(self, parameter_s: str = "", namespaces: Any = None) -> None:
+        """Show an object's information (``x?``); from process 0 while a cluster runs."""
+        self._pinfo("pinfo", parameter_s, namespaces, 0)
+
+    @line_magic
+    def pinfo2(self, parameter_s: str = "", namespaces: Any = None) -> None:
+        """Show an object's information and source (``x??``); from process 0 if a cluster runs."""
+        self._pinfo("pinfo2", parameter_s, namespaces, 1)
+
+    def _pinfo(self, magic: str, parameter_s: str, namespaces: Any, level: int) -> None:
+        # the same reading of "?"/"??" marks as IPython's own %pinfo
+        match = re.match(r"(pinfo )?(\?*)(.*?)(\??$)", parameter_s)
+        name = match.group(3).strip() if match else parameter_s.strip()
+        if match and (match.group(1) or match.group(2) or match.group(4)):
+            level = 1
+        bundle = None
+        if namespaces is None and "*" not in name and name:
+            bundle = self.kernel.ask_process0(_inspect_on_engine, name, len(name), level)
+        if bundle is None:
+            self._local_pinfo[magic](parameter_s, namespaces)
+            return
+        if not self.shell.enable_html_pager:
+            bundle.pop("text/html", None)
+        page.page(bundle)
+
+
+# -- the kernel -------------------------------------------------------------------------------
+
+
+def running_cluster() -> JaxCluster | None:
+    """The notebook's cluster (the one ``%jax_cluster`` manages) if it runs."""
+    from . import magics
+
+    loaded = magics._magics
+    cluster = loaded.cluster if loaded is not None else None
+    return cluster if cluster is not None and cluster.running else None
+
+
+class _SPMDByDefault:
+    """The input transformer; active while a cluster runs or is being started."""
+
+    # IPython skips transformers with side effects when it only checks whether a cell is
+    # complete, so is_complete answers as for plain Python.
+    has_side_effects = True
+
+    def __init__(self, kernel: JaxClusterKernel) -> None:
+        self.kernel = kernel
+
+    def __call__(self, lines: list[str]) -> list[str]:
+        return spmd_lines(lines, self.kernel.cluster_active())
+
+
+class _AutoStart:
+    """The cluster started at kernel start, on a thread; the first cell waits for it."""
+
+    def __init__(self, cluster: JaxCluster, source: str) -> None:
+        self.cluster = cluster
+        self.source = source  # which setting asked for it, for the messages
+        self.stage = ""
+        self.error: BaseException | None = None
+        self.reported = False
+        self.done = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="jaxcluster-autostart", daemon=True)
+        self._thread.start()
+
+    def _progress(self, stage: str, done: int, total: int) -> None:
+        self.stage = f"{stage} {done}/{total}"
+
+    def _run(self) -> None:
+        async def start() -> None:
+            # Inside a running loop ipyparallel does its async work on its own lasting thread,
+            # as it does for %jax_cluster start in a cell; without one it would use loops that
+            # close after each call, and engine exits would go unnoticed.
+            self.cluster.start(progress=self._progress)
+
+        try:
+            asyncio.run(start())
+            from . import magics
+
+            if magics._magics is not None and magics._magics.cluster is None:
+                magics._magics.cluster = self.cluster
+        except BaseException as e:  # noqa: BLE001 - reported in the first cell
+            self.error = e
+        finally:
+            self.done.set()
+
+
+class JaxClusterKernel(IPythonKernel):
+    """IPython kernel whose plain cells run on every process of a JAX cluster."""
+
+    nodes = Integer(
+        0,
+        help=f"Start a cluster of this many JAX processes when the kernel starts (0: none; "
+        f"start one with %jax_cluster start). ${ENV_NODES}, when set, wins.",
+    ).tag(config=True)
+    devices_per_node = Integer(
+        0,
+        help=f"CPU devices per process for that cluster (0: jaxcluster's default, 2 on CPU). "
+        f"${ENV_DEVICES_PER_NODE}, when set, wins.",
+    ).tag(config=True)
+    platform = Unicode(
+        "",
+        help=f"JAX platform for that cluster: cpu, gpu, cuda, rocm or tpu ('': JAX's choice). "
+        f"${ENV_PLATFORM}, when set, wins.",
+    ).tag(config=True)
+    start_timeout = Float(
+        120.0, help="Seconds that cluster may take to start (engines and jax.distributed)."
+    ).tag(config=True)
+    remote_timeout = Float(
+        2.0,
+        help="Seconds to wait for process 0 to answer a completion or inspection request "
+        "before answering from the kernel's own namespace.",
+    ).tag(config=True)
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._autostart: _AutoStart | None = None
+        self._autostart_error = ""
+        self.shell.extension_manager.load_extension("jaxcluster")
+        self.shell.register_magics(KernelMagics(self.shell, self))
+        self.shell.input_transformers_cleanup.append(_SPMDByDefault(self))
+
+    def start(self) -> None:
+        super().start()
+        self._begin_autostart()
+
+    # -- cluster at kernel start ------------------------------------------------------------
+
+    def autostart_settings(self) -> tuple[dict[str, Any], str] | None:
+        """(JaxCluster options, where they came from) for the cluster to start, or None."""
+        env = os.environ
+        nodes: Any = env.get(ENV_NODES, "").strip() or self.nodes
+        source = f"{ENV_NODES}={nodes}" if env.get(ENV_NODES, "").strip() else (
+            f"JaxClusterKernel.nodes={nodes}"
+        )
+        if str(nodes) == "0":
+            return None
+        devices: Any = env.get(ENV_DEVICES_PER_NODE, "").strip() or self.devices_per_node
+        platform = env.get(ENV_PLATFORM, "").strip() or self.platform
+        options = {
+            "nodes": nodes,
+            "devices_per_node": None if str(devices) == "0" else devices,
+            "platform": platform or None,
+            "timeout": self.start_timeout,
+        }
+        return options, source
+
+    def _begin_autostart(self) -> None:
+        from .cluster import JaxCluster
+        from .errors import ConfigError
+
+        settings = self.autostart_settings()
+        if settings is None:
+            return
+        options, source = settings
+        try:
+            cluster = JaxCluster(**options)
+        except ConfigError as e:
+            self._autostart_error = (
+                f"No JAX cluster was started ({source}): {e} Set {ENV_NODES}, "
+                f"{ENV_DEVICES_PER_NODE} and {ENV_PLATFORM} (or c.JaxClusterKernel.*) to valid "
+                "values, or start one with %jax_cluster start --nodes N.\n"
+            )
+            self.log.error(self._autostart_error)
+            return
+        self.log.info("Starting a JAX cluster (%s)", source)
+        self._autostart = _AutoStart(cluster, source)
+
+    def cluster_active(self) -> bool:
+        """Whether cells go to the cluster: one runs, or one is still starting."""
+        auto = self._autostart
+        return running_cluster() is not None or (auto is not None and not auto.done.is_set())
+
+    def _report_autostart(self) -> None:
+        """In the first cell: wait for the cluster started at kernel start, showing progress."""
+        if self._autostart_error:
+            sys.stderr.write(self._autostart_error)
+            self._autostart_error = ""
+        auto = self._autostart
+        if auto is None or auto.reported:
+            return
+        shown = ""
+        try:
+            while not auto.done.wait(0.2):
+                text = f"Starting the JAX cluster ({auto.source}): {auto.stage or 'controller'}"
+                if text != shown:
+                    sys.stderr.write(f"\r{text}")
+                    sys.stderr.flush()
+                    shown = text
+        except KeyboardInterrupt:
+            sys.stderr.write(
+                "\nInterrupted while the JAX cluster starts; it goes on starting, and the next "
+                "cell waits for it again.\n"
+            )
+            return
+        if shown:
+            sys.stderr.write("\r" + " " * len(shown) + "\r")
+            sys.stderr.flush()
+        auto.reported = True
+        if auto.error is not None:
+            sys.stderr.write(
+                f"The JAX cluster did not start ({auto.source}): {auto.error}\n"
+                "Cells run in this process; start a cluster with %jax_cluster start --nodes N.\n"
+            )
+        elif auto.cluster.running:
+            print(f"JAX cluster ready ({auto.source}): {auto.cluster.summary()}")
+
+    # -- messages ---------------------------------------------------------------------------
+
+    async def do_execute(self, code: str, silent: bool, *args: Any, **kwargs: Any) -> Any:
+        if not silent:
+            self._report_autostart()
+        elif self._autostart is not None:
+            self._autostart.done.wait(self.start_timeout + 30)
+        return await super().do_execute(code, silent, *args, **kwargs)
+
+    def ask_process0(self, func: Callable[..., Any], *args: Any) -> Any:
+        """``func(*args)`` on process 0, or None when no cluster runs or it does not answer."""
+        cluster = running_cluster()
+        if cluster is None:
+            return None
+        ar = None
+        try:
+            ar = cluster.client[cluster.processes[0].engine_id].apply_async(func, *args)
+            return ar.get(timeout=self.remote_timeout)
+        except Exception as e:  # noqa: BLE001 - busy, slow or dead: answer locally instead
+            self.log.debug("process 0 did not answer %s: %s", func.__name__, e)
+            if ar is not None and not ar.ready():
+                try:
+                    ar.abort()  # don't leave it queued behind the process's running cell
+                except Exception:  # noqa: BLE001
+                    pass
+            return None
+
+    def do_complete(self, code: str, cursor_pos: int | None) -> dict:
+        cursor_pos = len(code) if cursor_pos is None else cursor_pos
+        remote = remote_code(code, cursor_pos) if running_cluster() else None
+        if remote is not None:
+            body, cursor, offset = remote
+            reply = self.ask_process0(_complete_on_engine, body, cursor)
+            if reply is not None:
+                reply["cursor_start"] += offset
+                reply["cursor_end"] += offset
+                for item in reply["metadata"].get("_jupyter_types_experimental", []):
+                    item["start"] += offset
+                    item["end"] += offset
+                return reply
+        return super().do_complete(code, cursor_pos)
+
+    def do_inspect(
+        self, code: str, cursor_pos: int, detail_level: int = 0, omit_sections: Any = ()
+    ) -> dict:
+        remote = remote_code(code, cursor_pos) if running_cluster() else None
+        if remote is not None:
+            body, cursor, _ = remote
+            bundle = self.ask_process0(
+                _inspect_on_engine, body, cursor, detail_level, tuple(omit_sections)
+            )
+            if bundle is not None:
+                if not self.shell.enable_html_pager:
+                    bundle.pop("text/html", None)
+                return {"status": "ok", "data": bundle, "metadata": {}, "found": True}
+        return super().do_inspect(code, cursor_pos, detail_level, omit_sections)
+
+    async def do_shutdown(self, restart: bool) -> dict:
+        # Runs on the control thread, possibly while a cell still runs on the main thread;
+        # the watchdog covers whatever this leaves behind.
+        self.stop_cluster()
+        reply = super().do_shutdown(restart)
+        return await reply if inspect.isawaitable(reply) else reply
+
+    def stop_cluster(self) -> None:
+        """Stop the cluster, also one still starting from the kernel's settings."""
+        from . import magics
+
+        auto = self._autostart
+        if auto is not None and not auto.done.is_set():
+            auto.cluster.stop()  # the starting thread then fails and cleans up after itself
+            auto.done.wait(10)
+        if magics._magics is not None:
+            magics._magics.stop_all()
+        if auto is not None:
+            auto.cluster.stop()  # safe twice; covers a started cluster the magics never adopted
+
+
+def main() -> None:
+    """Start the kernel (what ``python -m jaxcluster.kernel -f FILE`` does)."""
+    from ipykernel.kernelapp import IPKernelApp
+
+    IPKernelApp.launch_instance(kernel_class=JaxClusterKernel)
+
+
+if __name__ == "__main__":
+    # Engines unpickle the functions above by module name: run the copy importable as
+    # jaxcluster.kernel, not this __main__ one.
+    from jaxcluster.kernel import main as _main
+
+    _main()

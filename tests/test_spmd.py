@@ -1,0 +1,234 @@
+"""``%%spmd`` on a real 4-process cluster: gathered output, errors, hangs and recovery (issue 3)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import pytest
+from IPython import get_ipython
+from IPython.core.error import UsageError
+from IPython.testing.globalipapp import start_ipython
+from IPython.utils.capture import capture_output
+
+from jaxcluster.errors import SPMDError
+
+pytestmark = pytest.mark.cluster
+
+PSUM = """
+import jax, jax.numpy as jnp
+from jax.experimental import multihost_utils
+"""
+
+
+@pytest.fixture(scope="module")
+def ip():
+    shell = start_ipython() or get_ipython()
+    shell.run_line_magic("load_ext", "jaxcluster")
+    with capture_output():
+        shell.run_line_magic("jax_cluster", "start --nodes 4 --devices-per-node 2")
+    shell.run_cell_magic("spmd", "", "import jax")
+    yield shell
+    shell.run_line_magic("jax_cluster", "stop")
+
+
+@pytest.fixture
+def cluster(ip):
+    return ip.magics_manager.registry["JaxClusterMagics"].cluster
+
+
+def spmd(ip, body, line=""):
+    """Run a %%spmd cell; return (all text shown, captured outputs)."""
+    with capture_output() as captured:
+        ip.run_cell_magic("spmd", line, body)
+    texts = [o.data.get("text/plain", "") for o in captured.outputs]
+    return "\n".join(texts + [captured.stdout]), captured
+
+
+def failing_spmd(ip, body, line=""):
+    with capture_output() as captured, pytest.raises(SPMDError) as info:
+        ip.run_cell_magic("spmd", line, body)
+    shown = "\n".join(o.data.get("text/plain", "") for o in captured.outputs)
+    return shown, "\n".join(info.value._render_traceback_()), info.value
+
+
+def test_identical_output_is_shown_once(ip):
+    text, _ = spmd(ip, "print('hello')")
+    assert text.strip() == "[processes 0-3]\nhello"
+
+
+def test_differing_output_is_shown_per_process_in_order(ip):
+    text, _ = spmd(ip, "print('I am', jax.process_index())")
+    assert text.strip() == "\n".join(f"[process {i}]\nI am {i}" for i in range(4))
+
+
+def test_partly_identical_output_names_its_processes(ip):
+    text, _ = spmd(ip, "print('even' if jax.process_index() % 2 == 0 else 'odd')")
+    assert text.strip() == "[processes 0,2]\neven\n[processes 1,3]\nodd"
+
+
+def test_no_collapse_shows_every_process(ip):
+    text, _ = spmd(ip, "print('same')", "--no-collapse")
+    assert text.strip() == "\n".join(f"[process {i}]\nsame" for i in range(4))
+
+
+def test_process_selection_shows_only_those_processes_but_runs_on_all(ip):
+    text, _ = spmd(ip, "ran_here = True\nprint(jax.process_index())", "-p 1-2")
+    assert text.strip() == "[process 1]\n1\n[process 2]\n2"
+    text, _ = spmd(ip, "print(ran_here)", "-p 0,3")
+    assert text.strip() == "[processes 0,3]\nTrue"
+
+
+@pytest.mark.parametrize("spec", ["4", "2-1", "x", "0;__import__('os')"])
+def test_bad_process_spec_is_a_usage_error(ip, spec):
+    with pytest.raises(UsageError, match="-p/--process"):
+        ip.run_cell_magic("spmd", f"-p {spec}", "print(1)")
+
+
+@pytest.mark.parametrize("option", ["--timeout 0", "--hang-after -3", "--timeout soon"])
+def test_bad_seconds_are_usage_errors(ip, option):
+    with pytest.raises(UsageError, match="positive number of seconds"):
+        ip.run_cell_magic("spmd", option, "print(1)")
+
+
+def test_cell_reaches_engines_unexpanded(ip):
+    ip.user_ns["x"] = "LOCAL"
+    text, _ = spmd(ip, "x = 'REMOTE'\nprint('{x} $x', f'{x}')")
+    assert "{x} $x REMOTE" in text
+    assert "LOCAL" not in text
+
+
+def test_stderr_is_labelled(ip):
+    text, _ = spmd(ip, "import sys\nprint('careful', file=sys.stderr)")
+    assert text.strip() == "[processes 0-3 stderr]\ncareful"
+
+
+def test_display_data_is_gathered_and_collapsed(ip):
+    _, captured = spmd(ip, "from IPython.display import HTML, display\ndisplay(HTML('<b>hi</b>'))")
+    htmls = [o.data["text/html"] for o in captured.outputs if "text/html" in o.data]
+    assert htmls.count("<b>hi</b>") == 1
+    assert any(o.data.get("text/plain") == "[processes 0-3]" for o in captured.outputs)
+
+
+def test_last_expression_values(ip):
+    text, _ = spmd(ip, "6 * 7")
+    assert text.strip() == "[processes 0-3] 42"
+    text, _ = spmd(ip, "jax.process_index() * 10")
+    assert text.strip() == "\n".join(f"[process {i}] {i * 10}" for i in range(4))
+
+
+def test_gloo_noise_is_filtered_and_psum_is_right(ip):
+    text, _ = spmd(ip, PSUM + "print(multihost_utils.process_allgather(jnp.ones(())).sum())")
+    assert "Gloo" not in text
+    assert text.strip() == "[processes 0-3]\n4.0"
+
+
+def test_error_on_one_process(ip):
+    shown, tb, error = failing_spmd(
+        ip, "print('before')\nif jax.process_index() == 1:\n    raise ValueError('bad batch')"
+    )
+    assert "[processes 0-3]\nbefore" in shown
+    assert "[process 1]" in tb and "ValueError" in tb and "bad batch" in tb
+    assert "ipyparallel" not in tb and "jaxcluster" not in tb
+    assert "process 1 raised ValueError: bad batch" in str(error)
+
+
+def test_identical_errors_are_shown_once(ip):
+    _, tb, error = failing_spmd(ip, "1 / 0")
+    assert tb.count("ZeroDivisionError") == 2  # the header line and the final line, once
+    assert "[processes 0-3]" in tb
+    assert str(error) == "processes 0-3 raised ZeroDivisionError: division by zero"
+
+
+def test_no_cluster_is_a_usage_error():
+    from jaxcluster.magics import JaxClusterMagics
+
+    magics = JaxClusterMagics(get_ipython())
+    with pytest.raises(UsageError, match="%jax_cluster start --nodes N"):
+        magics.spmd("", "print(1)")
+
+
+def test_python_api_returns_outputs_values_and_errors(cluster):
+    result = cluster.run("print(jax.process_index())\njax.process_index() + 100")
+    assert result.ok
+    assert [p.stdout for p in result.processes] == [f"{i}\n" for i in range(4)]
+    assert [result.value(i) for i in range(4)] == ["100", "101", "102", "103"]
+    failed = cluster.run("if jax.process_index() == 3: raise KeyError('k')")
+    assert not failed.ok
+    assert [p.process_index for p in failed.errors] == [3]
+    assert failed.errors[0].error["ename"] == "KeyError"
+    with pytest.raises(SPMDError, match="process 3 raised KeyError"):
+        failed.check()
+
+
+def _assert_recovered(ip, cluster, old_pids):
+    assert cluster.running
+    assert not set(old_pids) & {p.pid for p in cluster.processes}
+    text, _ = spmd(ip, "import jax\nprint(jax.device_count())")
+    assert text.strip() == "[processes 0-3]\n8"
+
+
+def test_hang_after_one_process_raises_before_a_collective(ip, cluster):
+    old = [p.pid for p in cluster.processes]
+    began = time.monotonic()
+    _, tb, _ = failing_spmd(
+        ip,
+        PSUM + "if jax.process_index() == 1:\n    raise ValueError('bad batch')\n"
+        "multihost_utils.process_allgather(jnp.ones(()))",
+        "--hang-after 2",
+    )
+    assert time.monotonic() - began < 30
+    assert "ValueError" in tb and "[process 1]" in tb
+    assert "processes 0,2-3 stuck" in tb
+    assert "process_allgather" in tb  # the stuck processes' stacks
+    assert "state (variables, arrays, compiled functions) was lost" in tb
+    _assert_recovered(ip, cluster, old)
+
+
+def test_timeout_reports_and_recovers(ip, cluster):
+    old = [p.pid for p in cluster.processes]
+    began = time.monotonic()
+    _, tb, _ = failing_spmd(ip, "import time\ntime.sleep(60)", "--timeout 2")
+    assert time.monotonic() - began < 30
+    assert "ran past its timeout" in tb
+    assert "processes 0-3 stuck" in tb and "time.sleep" in tb or "<cell>" in tb
+    _assert_recovered(ip, cluster, old)
+
+
+def test_sigkill_of_one_engine_ends_the_cell(ip, cluster):
+    old = [p.pid for p in cluster.processes]
+    victim = cluster.processes[2].pid
+    threading.Timer(1.5, os.kill, (victim, signal.SIGKILL)).start()
+    began = time.monotonic()
+    _, tb, _ = failing_spmd(ip, "import time\ntime.sleep(60)")
+    assert time.monotonic() - began < 20
+    assert "process 2 died (signal 9)" in tb
+    _assert_recovered(ip, cluster, old)
+
+
+def test_interrupt_stops_every_process(ip, cluster):
+    old = [p.pid for p in cluster.processes]
+    threading.Timer(1.5, os.kill, (os.getpid(), signal.SIGINT)).start()
+    _, tb, _ = failing_spmd(ip, "import time\ntime.sleep(60)")
+    assert "The cell was interrupted" in tb
+    assert "KeyboardInterrupt" in tb
+    # the processes stopped by themselves: no restart was needed, their state is kept
+    assert [p.pid for p in cluster.processes] == old
+    text, _ = spmd(ip, "print('still here')")
+    assert text.strip() == "[processes 0-3]\nstill here"
+
+
+def test_interrupt_of_processes_stuck_in_a_collective_recovers(ip, cluster):
+    old = [p.pid for p in cluster.processes]
+    threading.Timer(2.0, os.kill, (os.getpid(), signal.SIGINT)).start()
+    _, tb, _ = failing_spmd(
+        ip,
+        PSUM + "if jax.process_index() != 0:\n    multihost_utils.process_allgather(jnp.ones(()))\n"
+        "else:\n    import time; time.sleep(60)",
+        "--hang-after 100",
+    )
+    assert "The cell was interrupted" in tb
+    assert "stuck: did not stop after an interrupt" in tb
+    _assert_recovered(ip, cluster, old)
