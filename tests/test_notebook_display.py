@@ -1,0 +1,102 @@
+"""What a notebook sees from the magics, through a real ipykernel (issues 2 and 3):
+the start progress widget and ``%%spmd``'s streaming output."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+from jupyter_client import KernelManager
+
+pytestmark = pytest.mark.cluster
+
+
+@pytest.fixture(scope="module")
+def kernel():
+    km = KernelManager(kernel_name="python3")
+    km.start_kernel(env={**os.environ, "IPP_NONINTERACTIVE": "1"})
+    kc = km.client()
+    kc.start_channels()
+    kc.wait_for_ready(timeout=60)
+    try:
+        yield kc
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=False)
+
+
+def execute(kc, code, timeout=120):
+    """Run ``code``; return [(seconds since sent, iopub message)] and the reply."""
+    sent = time.monotonic()
+    msg_id = kc.execute(code)
+    messages = []
+    deadline = sent + timeout
+    while time.monotonic() < deadline:
+        msg = kc.get_iopub_msg(timeout=deadline - time.monotonic())
+        if msg["parent_header"].get("msg_id") != msg_id:
+            continue
+        messages.append((time.monotonic() - sent, msg))
+        if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
+            break
+    reply = kc.get_shell_msg(timeout=10)
+    return messages, reply
+
+
+def final_texts(messages):
+    """The text/plain of each display as a notebook would finally hold it."""
+    shown: dict[str, str] = {}
+    order = []
+    for _, msg in messages:
+        kind, content = msg["msg_type"], msg["content"]
+        if kind not in ("display_data", "update_display_data", "stream"):
+            continue
+        key = content.get("transient", {}).get("display_id") or f"anon{len(order)}"
+        text = content.get("text") or content.get("data", {}).get("text/plain", "")
+        if kind != "update_display_data":
+            order.append(key)
+        shown[key] = text
+    return [shown[key] for key in order]
+
+
+def test_start_shows_a_progress_widget_then_the_summary(kernel):
+    messages, reply = execute(kernel, "%load_ext jaxcluster\n%jax_cluster start --nodes 2")
+    assert reply["content"]["status"] == "ok"
+    widget_views = [m for _, m in messages if m["msg_type"] == "display_data"
+                    and "application/vnd.jupyter.widget-view+json" in m["content"]["data"]]
+    assert len(widget_views) == 1
+    progress_labels = [m["content"]["data"]["state"].get("value", "") for _, m in messages
+                       if m["msg_type"] == "comm_msg"
+                       and "value" in m["content"]["data"].get("state", {})]
+    assert any("engines registered" in str(v) for v in progress_labels)
+    texts = final_texts(messages)
+    assert texts[-1].startswith("2 processes × 2 cpu devices = 4 global devices, ready in ")
+
+
+def test_spmd_streams_output_while_the_cell_runs(kernel):
+    code = ("%%spmd\nimport time\nfor i in range(8):\n"
+            "    print('line', i, flush=True)\n    time.sleep(1)")
+    messages, reply = execute(kernel, code, timeout=60)
+    assert reply["content"]["status"] == "ok"
+    first = next(t for t, m in messages
+                 if "line 0" in m["content"].get("data", {}).get("text/plain", ""))
+    assert first < 2.0, f"first line shown after {first:.2f} s"
+    last_line_at = next(t for t, m in messages
+                        if "line 7" in m["content"].get("data", {}).get("text/plain", ""))
+    assert last_line_at > 6.0  # it really streamed: the last line came much later
+    texts = [t for t in final_texts(messages) if t]
+    assert texts == ["[processes 0-1]\n" + "\n".join(f"line {i}" for i in range(8))]
+
+
+def test_failing_cell_is_an_error_reply_with_process_labels(kernel):
+    messages, reply = execute(
+        kernel, "%%spmd\nimport jax\nif jax.process_index() == 1:\n    raise ValueError('only 1')"
+    )
+    assert reply["content"]["status"] == "error"
+    errors = [m["content"] for _, m in messages if m["msg_type"] == "error"]
+    assert len(errors) == 1
+    assert errors[0]["ename"] == "SPMDError"
+    assert any("[process 1]" in line for line in errors[0]["traceback"])
+    assert "process 1 raised ValueError: only 1" == errors[0]["evalue"]
+    messages, reply = execute(kernel, "%jax_cluster stop")
+    assert reply["content"]["status"] == "ok"
