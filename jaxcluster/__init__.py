@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from .cluster import JaxCluster, ProcessInfo, ProcessStatus
-from .errors import ConfigError, JaxClusterError, NoClusterError
+from .errors import ConfigError, JaxClusterError, NoClusterError, SPMDError
+from .sharding import show_sharding
 
 __all__ = [
     "ConfigError",
@@ -14,6 +15,8 @@ __all__ = [
     "NoClusterError",
     "ProcessInfo",
     "ProcessStatus",
+    "SPMDError",
+    "show_sharding",
     "load_ipython_extension",
     "unload_ipython_extension",
 ]

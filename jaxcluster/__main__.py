@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         path = install(user=args.user, prefix=args.prefix, sys_prefix=args.sys_prefix)
     except PermissionError as e:
-        # argparse's error format: usage line, then the reason and the fix; exit status 2
+        # exit status 2, as for argparse's own usage errors
         parser.exit(
             2,
             f"jaxcluster install-kernel: cannot write {e.filename}: permission denied. "

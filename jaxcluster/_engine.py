@@ -81,6 +81,9 @@ def initialize(coordinator: str, num_processes: int, process_id: int, timeout: f
         process_id=process_id,
         initialization_timeout=max(1, int(timeout)),
     )
+    from .sharding import install as install_sharding_display
+
+    install_sharding_display()
     try:
         return describe_jax()
     except Exception as e:
@@ -106,6 +109,16 @@ def describe_jax() -> dict:
         "local_device_ids": [d.id for d in local],
         "platform": local[0].platform if local else jax.default_backend(),
     }
+
+
+def device_records() -> list[dict]:
+    """This process's local devices, described for ``%jax_devices``."""
+    import jax
+
+    from .layout import device_record
+
+    host = socket.gethostname()
+    return [device_record(d, host) for d in jax.local_devices()]
 
 
 def jax_state() -> dict | None:

@@ -307,6 +307,43 @@ class JaxCluster:
 
         return run(self, code, timeout=timeout, **options)
 
+    def devices(self, process_index: int | None = None) -> list[dict]:
+        """Device records (see ``layout.device_record``) of every process, or of one."""
+        self._require_running()
+        if process_index is not None and not 0 <= process_index < len(self.processes):
+            raise ConfigError(
+                f"There is no process {process_index}: this cluster has processes "
+                f"0-{len(self.processes) - 1}."
+            )
+        indices = range(len(self.processes)) if process_index is None else [process_index]
+        pending = {
+            self.processes[i].engine_id: self.client[self.processes[i].engine_id].apply_async(
+                _engine.device_records
+            )
+            for i in indices
+        }
+        gathered = self._gather(pending, self.engine_ids, "list the devices")
+        return [record for eid in pending for record in gathered[eid]]
+
+    def array_layout(self, name: str, process_index: int = 0) -> dict:
+        """The sharding layout of the global ``jax.Array`` named ``name`` on the engines."""
+        from .layout import array_layout
+
+        self._require_running()
+        engine = self.client[self.processes[process_index].engine_id]
+        try:
+            return engine.apply_sync(array_layout, ipp.Reference(name))
+        except ipp.error.RemoteError as e:
+            if e.ename == "NameError":
+                raise ConfigError(
+                    f"{name!r} is not defined on process {process_index}. Define it in a "
+                    "%%spmd cell first."
+                ) from None
+            raise JaxClusterError(
+                f"Could not read the sharding of {name!r} on process {process_index}: "
+                f"{_remote_message(e)}. Is it a jax.Array?"
+            ) from None
+
     def dead_processes(self) -> dict[int, str]:
         """Process index -> how it died, for processes whose engine is gone."""
         exit_codes = self._engine_exit_codes()

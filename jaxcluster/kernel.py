@@ -302,9 +302,10 @@ class JaxClusterKernel(IPythonKernel):
         120.0, help="Seconds that cluster may take to start (engines and jax.distributed)."
     ).tag(config=True)
     remote_timeout = Float(
-        2.0,
-        help="Seconds to wait for process 0 to answer a completion or inspection request "
-        "before answering from the kernel's own namespace.",
+        5.0,
+        help="Seconds to wait for an idle process 0 to answer a completion or inspection "
+        "request (its first completion loads Jedi: about 2 s) before answering from the "
+        "kernel's own namespace instead. A busy process 0 is not asked.",
     ).tag(config=True)
 
     def __init__(self, **kwargs: Any) -> None:
@@ -416,7 +417,11 @@ class JaxClusterKernel(IPythonKernel):
             return None
         ar = None
         try:
-            ar = cluster.client[cluster.processes[0].engine_id].apply_async(func, *args)
+            engine = cluster.processes[0].engine_id
+            # a process still running a cell would answer only after it: don't wait for that
+            if cluster.client.queue_status(targets=[engine])[engine]["queue"]:
+                return None
+            ar = cluster.client[engine].apply_async(func, *args)
             return ar.get(timeout=self.remote_timeout)
         except Exception as e:  # noqa: BLE001 - busy, slow or dead: answer locally instead
             self.log.debug("process 0 did not answer %s: %s", func.__name__, e)

@@ -10,6 +10,8 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 
 from .cluster import PLATFORMS, JaxCluster
 from .display import LiveCell, StartProgress, show, show_bundle
+from .render.devices import render_devices_html, render_devices_text
+from .sharding import SHARDING_MIME
 from .errors import ConfigError, NoClusterError, SPMDError
 from .launchers import LAUNCHERS
 from .output import label, parse_process_spec
@@ -216,8 +218,16 @@ class JaxClusterMagics(Magics):
             cell_render.streams_html(result.processes, selected, collapsed),
         )
         for indices, output in cell_render.display_groups(result.processes, selected, collapsed):
+            data = output.get("data", {})
+            if SHARDING_MIME in data and len(indices) == len(selected):
+                # the same global picture from every process: one widget, no label
+                _show_sharding(data[SHARDING_MIME])
+                continue
             show(label(indices))
-            show_bundle(output.get("data", {}), output.get("metadata"))
+            if SHARDING_MIME in data:
+                _show_sharding(data[SHARDING_MIME])
+            else:
+                show_bundle(data, output.get("metadata"))
         for indices, bundle in cell_render.result_groups(result.processes, selected, collapsed):
             if set(bundle) == {"text/plain"}:
                 show(f"{label(indices)} {bundle['text/plain']}")
@@ -227,10 +237,91 @@ class JaxClusterMagics(Magics):
         if not result.ok:
             raise SPMDError(*cell_render.error_report(result, selected, collapsed))
 
+    @magic_arguments()
+    @argument(
+        "--process", "-p", default=None,
+        help="show only this process's local devices (a process index). Default: all.",
+    )
+    @line_magic
+    @_usage_errors
+    def jax_devices(self, line: str) -> None:
+        """Show the global device set: id, process, host, platform, kind, local id.
+
+        Without a running cluster, shows this notebook process's own devices and says so.
+
+        Examples::
+
+            %jax_devices
+            %jax_devices --process 1
+        """
+        args = parse_argstring(self.jax_devices, line)
+        process = None
+        if args.process is not None:
+            if not str(args.process).isdigit():
+                raise UsageError(
+                    f"--process takes one process index (e.g. --process 0), not {args.process!r}."
+                )
+            process = int(args.process)
+        if self.cluster is None or not self.cluster.running:
+            import jax
+
+            from .layout import device_record
+
+            import socket
+
+            records = [device_record(d, socket.gethostname()) for d in jax.local_devices()]
+            note = "No cluster is running: these are this notebook process's own devices."
+        else:
+            records = self.cluster.devices(process)
+            note = None
+        show(render_devices_text(records, note), render_devices_html(records, note))
+
+    @magic_arguments()
+    @argument("name", help="the name of a jax.Array defined on the engines.")
+    @argument(
+        "--process", "-p", default="0",
+        help="the process whose variable to read (they agree for a global array). Default 0.",
+    )
+    @line_magic
+    @_usage_errors
+    def jax_sharding(self, line: str) -> None:
+        """Show how the engines' jax.Array NAME is sharded over the global devices.
+
+        The picture comes from metadata only, so it works for arrays no process can read
+        whole. Hover or pick a shard for its details.
+
+        Example::
+
+            %jax_sharding params
+        """
+        args = parse_argstring(self.jax_sharding, line)
+        cluster = self.require_cluster()
+        try:
+            process = parse_process_spec(args.process, len(cluster.processes))
+        except ValueError as e:
+            raise UsageError(f"--process: {e}") from None
+        if len(process) != 1:
+            raise UsageError("--process takes one process index (e.g. --process 0).")
+        _show_sharding(cluster.array_layout(args.name, process[0]))
+
     def stop_all(self) -> None:
         if self.cluster is not None:
             self.cluster.stop()
             self.cluster = None
+
+
+def _show_sharding(layout: dict) -> None:
+    from IPython.display import display
+
+    from .display import in_notebook
+    from .widgets import ShardingWidget
+
+    if in_notebook():
+        display(ShardingWidget(layout))
+    else:
+        from .render.sharding import render_sharding_html, render_sharding_text
+
+        show(render_sharding_text(layout), render_sharding_html(layout))
 
 
 def _seconds(value: str, option: str) -> float:
