@@ -11,19 +11,22 @@ import faulthandler
 import os
 import signal
 import socket
-import threading
 from typing import Any
 
 
 def main() -> None:
-    """Start an ipyparallel engine, importing JAX while it registers.
+    """Start an ipyparallel engine with JAX already imported.
 
-    Importing jax takes about a second of CPU; doing it in a thread during registration means
-    ``jax.distributed.initialize`` no longer waits for it. A failed import is reported later,
-    when ``initialize`` imports jax again and gets the same error.
+    Importing jax takes about a second of CPU. Done here, it overlaps with the controller's
+    start-up instead of delaying ``jax.distributed.initialize``. (Not in a thread: ipykernel
+    iterates ``sys.modules`` while it starts, and a concurrent import breaks that.) A failed
+    import is reported later, by ``initialize``, which imports jax again and gets the same error.
     """
     _dump_stacks_on_sigusr1()
-    threading.Thread(target=_import_jax_quietly, name="jaxcluster-import-jax", daemon=True).start()
+    try:
+        import jax  # noqa: F401
+    except Exception:  # noqa: BLE001 - see above
+        pass
     from ipyparallel.engine.app import main as engine_main
 
     engine_main()
@@ -37,13 +40,6 @@ def _dump_stacks_on_sigusr1() -> None:
     # append mode: the client truncates the file before each dump
     stack_file = open(os.path.join(stack_dir, f"{os.getpid()}.txt"), "a")  # noqa: SIM115
     faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
-
-
-def _import_jax_quietly() -> None:
-    try:
-        import jax  # noqa: F401
-    except Exception:  # noqa: BLE001 - initialize() re-raises it with the engine's own message
-        pass
 
 
 def identity() -> dict[str, Any]:

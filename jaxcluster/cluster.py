@@ -495,7 +495,7 @@ class JaxCluster:
             outputs = getattr(engine_set, "outputs", None) or {}
             for identifier, data in dict(stop_data.get("engines") or {}).items():
                 ended.append((data, outputs.get(identifier, "")))
-        return ended
+        return list({data.get("pid"): (data, output) for data, output in ended}.values())
 
     def _engine_exit_codes(self) -> dict[int, Any]:
         return {data.get("pid"): data.get("exit_code") for data, _ in self._exited_engines()}

@@ -18,7 +18,6 @@ Run as ``python -m jaxcluster.kernel -f CONNECTION_FILE`` (what the kernelspec d
 
 from __future__ import annotations
 
-import asyncio
 import inspect
 import os
 import re
@@ -262,14 +261,8 @@ class _AutoStart:
         self.stage = f"{stage} {done}/{total}"
 
     def _run(self) -> None:
-        async def start() -> None:
-            # Inside a running loop ipyparallel does its async work on its own lasting thread,
-            # as it does for %jax_cluster start in a cell; without one it would use loops that
-            # close after each call, and engine exits would go unnoticed.
-            self.cluster.start(progress=self._progress)
-
         try:
-            asyncio.run(start())
+            self.cluster.start(progress=self._progress)
             from . import magics
 
             if magics._magics is not None and magics._magics.cluster is None:
