@@ -466,17 +466,16 @@ class JaxCluster:
                 progress("engines registered", min(len(new), self.nodes), self.nodes)
             if len(new) >= self.nodes:
                 return new[: self.nodes]
-            exited = self._exited_engine_output()
+            exited = self._exited_engines()
             if exited:
                 raise JaxClusterError(
                     f"{len(exited)} engine(s) exited before registering with the controller. "
-                    f"Their output:\n" + "\n".join(exited)
+                    f"Their output:\n" + "\n".join(self._exited_engine_output())
                 )
             if time.monotonic() > deadline:
                 raise JaxClusterError(
                     f"Only {len(new)} of {self.nodes} engines registered within {self.timeout:g} s. "
-                    "Raise --timeout if the hosts are slow to start, or check the engine logs in "
-                    f"{os.path.join(self._ipp_cluster.profile_dir, 'log')}."
+                    "Raise --timeout if the hosts are slow to start."
                 )
             time.sleep(POLL_SECONDS)
 

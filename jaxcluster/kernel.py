@@ -38,6 +38,7 @@ if TYPE_CHECKING:
 ENV_NODES = "JAXCLUSTER_NODES"
 ENV_DEVICES_PER_NODE = "JAXCLUSTER_DEVICES_PER_NODE"
 ENV_PLATFORM = "JAXCLUSTER_PLATFORM"
+ENV_SETTINGS = (ENV_NODES, ENV_DEVICES_PER_NODE, ENV_PLATFORM)
 
 # ``x?``, ``x.y??``, ``%magic?``, ``a*b?`` (IPython's help syntax at the end of a line)
 _HELP_END = re.compile(r"^%{0,2}[\w.*\[\]-]+\?{1,2}$")
@@ -317,15 +318,14 @@ class JaxClusterKernel(IPythonKernel):
 
     def autostart_settings(self) -> tuple[dict[str, Any], str] | None:
         """(JaxCluster options, where they came from) for the cluster to start, or None."""
-        env = os.environ
-        nodes: Any = env.get(ENV_NODES, "").strip() or self.nodes
-        source = f"{ENV_NODES}={nodes}" if env.get(ENV_NODES, "").strip() else (
-            f"JaxClusterKernel.nodes={nodes}"
-        )
+        env = {name: os.environ.get(name, "").strip() for name in ENV_SETTINGS}
+        # JaxCluster validates them; its errors are reported in the first cell
+        nodes: Any = env[ENV_NODES] or self.nodes
         if str(nodes) == "0":
             return None
-        devices: Any = env.get(ENV_DEVICES_PER_NODE, "").strip() or self.devices_per_node
-        platform = env.get(ENV_PLATFORM, "").strip() or self.platform
+        source = f"{ENV_NODES}={nodes}" if env[ENV_NODES] else f"JaxClusterKernel.nodes={nodes}"
+        devices: Any = env[ENV_DEVICES_PER_NODE] or self.devices_per_node
+        platform = env[ENV_PLATFORM] or self.platform
         options = {
             "nodes": nodes,
             "devices_per_node": None if str(devices) == "0" else devices,

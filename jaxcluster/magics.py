@@ -20,6 +20,10 @@ from .spmd import DEFAULT_HANG_AFTER
 from .render.status import status_html, status_text
 
 
+# lines per output group shown while a cell runs; the final output has them all
+LIVE_TAIL = 200
+
+
 def _usage_errors(func: Any) -> Any:
     """Turn the library's ConfigError into IPython's UsageError (one line, no traceback)."""
 
@@ -200,8 +204,8 @@ class JaxClusterMagics(Magics):
         live = LiveCell()
 
         def on_update(result: Any) -> None:
-            text = cell_render.streams_text(result.processes, selected, collapsed)
-            html = cell_render.streams_html(result.processes, selected, collapsed)
+            text = cell_render.streams_text(result.processes, selected, collapsed, LIVE_TAIL)
+            html = cell_render.streams_html(result.processes, selected, collapsed, LIVE_TAIL)
             status = cell_render.status_text(result.processes, result.elapsed_so_far())
             live.update(f"{status}\n{text}", f"<div class='jc-status-line'>{status}</div>{html}",
                         has_output=bool(text))

@@ -20,29 +20,47 @@ PRE_STYLE = "margin:0;padding:0 0 2px 0;font-family:var(--jp-code-font-family,mo
 
 
 def stream_groups(
-    processes: Sequence[Any], selected: Sequence[int], collapsed: bool
+    processes: Sequence[Any], selected: Sequence[int], collapsed: bool, tail: int | None = None
 ) -> list[tuple[str, list[int], str]]:
-    """(stream name, process indices, text) for every non-empty stream, collapsed."""
+    """(stream name, process indices, text) for every non-empty stream, collapsed.
+
+    ``tail`` keeps only the last lines of each group: a live view of a chatty cell must not
+    resend everything it printed at every update.
+    """
     groups = []
     for name in ("stdout", "stderr"):
         items = [(p.process_index, getattr(p, name)) for p in processes
                  if p.process_index in selected and getattr(p, name)]
         for indices, text in collapse(items, key=str, enabled=collapsed):
-            groups.append((name, indices, text))
+            groups.append((name, indices, _tail(text, tail) if tail else text))
     return groups
 
 
-def streams_text(processes: Sequence[Any], selected: Sequence[int], collapsed: bool) -> str:
+def _tail(text: str, lines: int) -> str:
+    cut = len(text)
+    for _ in range(lines + 1):
+        cut = text.rfind("\n", 0, cut - 1 if cut else 0)
+        if cut < 0:
+            return text
+    skipped = text.count("\n", 0, cut + 1)
+    return f"… {skipped} earlier lines …\n" + text[cut + 1:]
+
+
+def streams_text(
+    processes: Sequence[Any], selected: Sequence[int], collapsed: bool, tail: int | None = None
+) -> str:
     parts = []
-    for name, indices, text in stream_groups(processes, selected, collapsed):
+    for name, indices, text in stream_groups(processes, selected, collapsed, tail):
         parts.append(label(indices, "stderr" if name == "stderr" else ""))
         parts.append(text.rstrip("\n"))
     return "\n".join(parts)
 
 
-def streams_html(processes: Sequence[Any], selected: Sequence[int], collapsed: bool) -> str:
+def streams_html(
+    processes: Sequence[Any], selected: Sequence[int], collapsed: bool, tail: int | None = None
+) -> str:
     parts = []
-    for name, indices, text in stream_groups(processes, selected, collapsed):
+    for name, indices, text in stream_groups(processes, selected, collapsed, tail):
         style = PRE_STYLE + (";" + STDERR_STYLE if name == "stderr" else "")
         head = html.escape(label(indices, "stderr" if name == "stderr" else ""))
         parts.append(
