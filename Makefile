@@ -4,20 +4,22 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: lab test bench demo system-deps clean
+.PHONY: lab test bench system-deps clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[test]'
+	$(PY) -m jaxcluster install-kernel --sys-prefix
 	touch $@
 
 system-deps:
 	bash scripts/install-system-deps.sh
 
+# The JAX Cluster kernel starts a local default cluster (4 processes x 2 CPU devices).
 lab: $(STAMP)
-	cd notebooks && IPP_NONINTERACTIVE=1 ../$(VENV)/bin/jupyter lab --no-browser \
-		--ServerApp.ip=127.0.0.1
+	cd notebooks && JAXCLUSTER_NODES=$${JAXCLUSTER_NODES:-4} ../$(VENV)/bin/jupyter lab \
+		--no-browser --ServerApp.ip=127.0.0.1
 
 test: $(STAMP) system-deps
 	IPP_NONINTERACTIVE=1 $(PY) -m pytest
