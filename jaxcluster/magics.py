@@ -207,6 +207,8 @@ class JaxClusterMagics(Magics):
             text = cell_render.streams_text(result.processes, selected, collapsed, LIVE_TAIL)
             html = cell_render.streams_html(result.processes, selected, collapsed, LIVE_TAIL)
             status = cell_render.status_text(result.processes, result.elapsed_so_far())
+            if result.failure:
+                status = " ".join(cell_render.failure_lines(result)[:1]) + " Restarting the cluster…"
             live.update(f"{status}\n{text}", f"<div class='jc-status-line'>{status}</div>{html}",
                         has_output=bool(text))
 

@@ -108,6 +108,8 @@ def run(
     if result.failure in ("hang", "timeout", "interrupt", "died") and any(
         p.state in ("stuck", "died") for p in result.processes
     ):
+        if on_update is not None:
+            on_update(result)  # the report is shown now, not after the restart
         if recover:
             try:
                 (on_restart or cluster.restart)()
