@@ -150,6 +150,7 @@ from jaxcluster import JaxCluster
 cluster = JaxCluster(nodes=2, timeout=60).start()
 print(json.dumps({"cluster_id": cluster.cluster_id,
                   "pids": [p.pid for p in cluster.processes]}), flush=True)
+sys.stdin.readline()  # the test looks at the processes first
 mode = sys.argv[1]
 if mode == "exception":
     raise RuntimeError("the user's script failed")
@@ -166,7 +167,7 @@ def test_no_orphans_when_the_starting_process_exits(tmp_path, mode):
     script.write_text(textwrap.dedent(SCRIPT))
     proc = subprocess.Popen(
         [sys.executable, str(script), "wait" if mode == "sigkill" else mode],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
     try:
         first = proc.stdout.readline()
@@ -175,6 +176,8 @@ def test_no_orphans_when_the_starting_process_exits(tmp_path, mode):
         pids = [p.pid for p in cluster_processes(info["cluster_id"])]
         assert set(info["pids"]) <= set(pids)
         assert len(pids) >= 3  # controller + 2 engines (and their nannies)
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
         if mode == "sigkill":
             proc.send_signal(signal.SIGKILL)
         proc.wait(60)
