@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import psutil
 import pytest
@@ -59,3 +61,20 @@ def cluster():
         leftovers = cluster_processes(cluster_id)
         for proc in leftovers:
             proc.kill()
+
+
+@contextmanager
+def magics_shell(start_line: str) -> Iterator:
+    """The headless IPython shell with jaxcluster loaded and a cluster started by the magic."""
+    from IPython import get_ipython
+    from IPython.testing.globalipapp import start_ipython
+    from IPython.utils.capture import capture_output
+
+    shell = start_ipython() or get_ipython()  # one global test shell per pytest process
+    shell.run_line_magic("load_ext", "jaxcluster")
+    with capture_output():
+        shell.run_line_magic("jax_cluster", start_line)
+    try:
+        yield shell
+    finally:
+        shell.run_line_magic("jax_cluster", "stop")

@@ -5,11 +5,10 @@ from __future__ import annotations
 import re
 
 import pytest
-from IPython import get_ipython
 from IPython.core.error import UsageError
-from IPython.testing.globalipapp import start_ipython
 from IPython.utils.capture import capture_output
 
+from tests.conftest import magics_shell
 from jaxcluster.sharding import SHARDING_MIME
 
 pytestmark = pytest.mark.cluster
@@ -25,12 +24,8 @@ x = jax.make_array_from_callback(
 
 @pytest.fixture(scope="module")
 def ip():
-    shell = start_ipython() or get_ipython()
-    shell.run_line_magic("load_ext", "jaxcluster")
-    with capture_output():
-        shell.run_line_magic("jax_cluster", "start --nodes 4 --devices-per-node 2")
-    yield shell
-    shell.run_line_magic("jax_cluster", "stop")
+    with magics_shell("start --nodes 4 --devices-per-node 2") as shell:
+        yield shell
 
 
 def shard_cells(html: str) -> int:

@@ -10,9 +10,9 @@ import time
 import pytest
 from IPython import get_ipython
 from IPython.core.error import UsageError
-from IPython.testing.globalipapp import start_ipython
 from IPython.utils.capture import capture_output
 
+from tests.conftest import magics_shell
 from jaxcluster.errors import SPMDError
 
 pytestmark = pytest.mark.cluster
@@ -25,13 +25,9 @@ from jax.experimental import multihost_utils
 
 @pytest.fixture(scope="module")
 def ip():
-    shell = start_ipython() or get_ipython()
-    shell.run_line_magic("load_ext", "jaxcluster")
-    with capture_output():
-        shell.run_line_magic("jax_cluster", "start --nodes 4 --devices-per-node 2")
-    shell.run_cell_magic("spmd", "", "import jax")
-    yield shell
-    shell.run_line_magic("jax_cluster", "stop")
+    with magics_shell("start --nodes 4 --devices-per-node 2") as shell:
+        shell.run_cell_magic("spmd", "", "import jax")
+        yield shell
 
 
 @pytest.fixture
