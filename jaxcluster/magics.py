@@ -194,10 +194,7 @@ class JaxClusterMagics(Magics):
         """
         args = parse_argstring(self.spmd, line)
         cluster = self.require_cluster()
-        try:
-            selected = parse_process_spec(args.process, len(cluster.processes))
-        except ValueError as e:
-            raise UsageError(f"-p/--process: {e}") from None
+        selected = _process_spec(args.process, cluster, "-p/--process")
         timeout = _seconds(args.timeout, "--timeout") if args.timeout is not None else None
         hang_after = _seconds(args.hang_after, "--hang-after")
         collapsed = not args.no_collapse
@@ -302,10 +299,7 @@ class JaxClusterMagics(Magics):
         """
         args = parse_argstring(self.jax_sharding, line)
         cluster = self.require_cluster()
-        try:
-            process = parse_process_spec(args.process, len(cluster.processes))
-        except ValueError as e:
-            raise UsageError(f"--process: {e}") from None
+        process = _process_spec(args.process, cluster, "--process")
         if len(process) != 1:
             raise UsageError("--process takes one process index (e.g. --process 0).")
         _show_sharding(cluster.array_layout(args.name, process[0]))
@@ -314,6 +308,13 @@ class JaxClusterMagics(Magics):
         if self.cluster is not None:
             self.cluster.stop()
             self.cluster = None
+
+
+def _process_spec(spec: str, cluster: JaxCluster, option: str) -> list[int]:
+    try:
+        return parse_process_spec(spec, len(cluster.processes))
+    except ValueError as e:
+        raise UsageError(f"{option}: {e}") from None
 
 
 def _show_sharding(layout: dict) -> None:
