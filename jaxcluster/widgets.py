@@ -19,24 +19,7 @@ from jaxcluster.render.sharding import (
     view_dims,
 )
 
-__all__ = ["RichHTML", "ShardingWidget"]
-
-
-class RichHTML:
-    """Static HTML with a text twin, for outputs that need no interaction (device tables)."""
-
-    def __init__(self, html: str, text: str) -> None:
-        self.html = html
-        self.text = text
-
-    def _repr_html_(self) -> str:
-        return self.html
-
-    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, str]:
-        return {"text/plain": self.text, "text/html": self.html}
-
-    def __repr__(self) -> str:
-        return self.text
+__all__ = ["ShardingWidget"]
 
 
 class ShardingWidget(widgets.VBox):

@@ -40,7 +40,7 @@ from jaxcluster.render.sharding import (  # noqa: E402
     render_sharding_text,
     view_dims,
 )
-from jaxcluster.widgets import RichHTML, ShardingWidget  # noqa: E402
+from jaxcluster.widgets import ShardingWidget  # noqa: E402
 
 IDS = [d.id for d in CPU[:8]]
 
@@ -503,8 +503,3 @@ def test_widget_nd_dims(mesh: Mesh) -> None:
         ShardingWidget(layout, rows=1, cols=1)
     w.close()
 
-
-def test_rich_html() -> None:
-    obj = RichHTML("<table></table>", "a table")
-    assert obj._repr_mimebundle_() == {"text/html": "<table></table>", "text/plain": "a table"}
-    assert obj._repr_html_() == "<table></table>" and repr(obj) == "a table"
