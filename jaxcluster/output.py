@@ -36,12 +36,19 @@ def process_label(indices: Iterable[int]) -> str:
     return f"{word} {format_ranges(indices)}"
 
 
-# The runtime's own chatter, not the user's output: gloo announces every connection it makes.
-NOISE = re.compile(r"^\[Gloo\] Rank \d+ is connected to \d+ peer ranks\..*\n?", re.MULTILINE)
+# The runtime's own chatter, not the user's output: gloo announces every connection it makes,
+# from one thread per local device, so two announcements can interleave mid-line.
+GLOO_PARTS = re.compile(
+    r"\[Gloo\] Rank \d+ is connected to |\d+ peer ranks\. Expected number of connected peer ranks is : \d+"
+)
 
 
 def clean_stream(text: str) -> str:
-    return NOISE.sub("", text)
+    if "[Gloo]" not in text:
+        return text
+    lines = text.splitlines(keepends=True)
+    kept = [line for line in lines if not GLOO_PARTS.search(line) or GLOO_PARTS.sub("", line).strip()]
+    return "".join(kept)
 
 
 def parse_process_spec(spec: str, count: int) -> list[int]:

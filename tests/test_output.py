@@ -53,6 +53,14 @@ def test_gloo_noise_is_removed_and_nothing_else():
     assert clean_stream(text) == "step 1\nstep 2\n[Gloo] something else\n"
 
 
+def test_interleaved_gloo_announcements_are_removed():
+    # seen with jax 0.11 and 4 CPU devices per process: two threads printing at once
+    text = ("16 6.0\n[Gloo] Rank 0 is connected to [Gloo] Rank 0 is connected to 3 peer ranks. "
+            "Expected number of connected peer ranks is : 3\n3 peer ranks. Expected number of "
+            "connected peer ranks is : 3\ndone\n")
+    assert clean_stream(text) == "16 6.0\ndone\n"
+
+
 def test_tail_keeps_the_last_lines_and_counts_the_rest():
     text = "".join(f"{i}\n" for i in range(10))
     assert _tail(text, 3) == "… 6 earlier lines …\n6\n7\n8\n9\n"
