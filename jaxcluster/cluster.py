@@ -28,7 +28,7 @@ import psutil
 from . import _engine
 from .stacks import main_thread_stack
 from .errors import ConfigError, JaxClusterError, NoClusterError
-from .launchers import check_launcher, engine_environment, plan_launch
+from .launchers import LaunchRequest, check_launcher, engine_environment, plan_launch
 from .output import process_label
 
 PLATFORMS = ("cpu", "gpu", "cuda", "rocm", "tpu")
@@ -107,6 +107,11 @@ class JaxCluster:
         coordinator_port: int | None = None,
         engine_env: dict[str, str] | None = None,
         profile_dir: str | None = None,
+        hosts: list[str] | str | None = None,
+        engines_per_host: int | None = None,
+        launcher_args: list[str] | str | None = None,
+        ip: str | None = None,
+        coordinator: str | None = None,
     ) -> None:
         self.nodes = _positive_int(nodes, "--nodes", "--nodes 4")
         if platform is not None:
@@ -144,6 +149,12 @@ class JaxCluster:
         self.coordinator_port = coordinator_port
         self.engine_env = dict(engine_env or {})
         self.profile_dir = profile_dir
+        # issue 7: validated and used by the ssh/mpi/slurm planners in launchers.py
+        self.hosts = hosts
+        self.engines_per_host = engines_per_host
+        self.launcher_args = launcher_args
+        self.ip = ip
+        self.coordinator_override = coordinator
 
         self.processes: list[ProcessInfo] = []
         self.cluster_id: str | None = None
@@ -196,7 +207,17 @@ class JaxCluster:
             )
         began = time.perf_counter()
         self._stack_dir = tempfile.mkdtemp(prefix="jaxcluster-stacks-")
-        plan = plan_launch(self.launcher, self._environment())
+        plan = plan_launch(
+            LaunchRequest(
+                launcher=self.launcher,
+                nodes=self.nodes,
+                environment=self._environment(),
+                hosts=list(self.hosts or []),
+                engines_per_host=self.engines_per_host,
+                launcher_args=list(self.launcher_args or []),
+                ip=self.ip,
+            )
+        )
         cluster = ipp.Cluster(
             n=self.nodes,
             engines=plan.engine_launcher,

@@ -12,7 +12,7 @@ from traitlets.config import Config
 
 from .errors import ConfigError
 
-LAUNCHERS = ("local",)
+LAUNCHERS = ("local", "ssh", "mpi", "slurm")
 
 # The hub confirms an engine's registration on its next heartbeat; ipyparallel's default of 3 s
 # makes every start wait seconds for nothing and dead engines go unnoticed as long.
@@ -49,8 +49,26 @@ def check_launcher(launcher: str) -> None:
         )
 
 
-def plan_launch(launcher: str, environment: dict[str, str]) -> LaunchPlan:
-    check_launcher(launcher)
+@dataclass
+class LaunchRequest:
+    """What the user asked for, as far as starting processes goes."""
+
+    launcher: str
+    nodes: int
+    environment: dict[str, str]
+    hosts: list[str] = field(default_factory=list)
+    engines_per_host: int | None = None
+    launcher_args: list[str] = field(default_factory=list)
+    ip: str | None = None
+
+
+def plan_launch(request: LaunchRequest) -> LaunchPlan:
+    check_launcher(request.launcher)
+    return _PLANNERS[request.launcher](request)
+
+
+def _plan_local(request: LaunchRequest) -> LaunchPlan:
+    environment = request.environment
     config = Config()
     engine_set = config.LocalEngineSetLauncher
     engine_set.engine_cmd = [sys.executable, "-m", "jaxcluster._engine"]
@@ -64,3 +82,18 @@ def plan_launch(launcher: str, environment: dict[str, str]) -> LaunchPlan:
         controller_args=["--usethreads", f"--HeartMonitor.period={HEARTBEAT_MS}"],
         config=config,
     )
+
+
+def _plan_ssh(request: LaunchRequest) -> LaunchPlan:
+    raise ConfigError("--launcher ssh: not built yet (issue 7).")
+
+
+def _plan_mpi(request: LaunchRequest) -> LaunchPlan:
+    raise ConfigError("--launcher mpi: not built yet (issue 7).")
+
+
+def _plan_slurm(request: LaunchRequest) -> LaunchPlan:
+    raise ConfigError("--launcher slurm: not built yet (issue 7).")
+
+
+_PLANNERS = {"local": _plan_local, "ssh": _plan_ssh, "mpi": _plan_mpi, "slurm": _plan_slurm}
