@@ -63,7 +63,12 @@ class JaxClusterMagics(Magics):
         "status: one row per process; restart: fresh engines and jax.distributed, same options; "
         "connect: attach to a controller and engines started elsewhere.",
     )
-    @argument("--nodes", "-n", default="4", help="number of JAX processes (engines). Default 4.")
+    @argument(
+        "--nodes",
+        "-n",
+        default=None,
+        help="number of JAX processes (engines). Default 4, or --hosts × --engines-per-host.",
+    )
     @argument(
         "--devices-per-node",
         default=None,
