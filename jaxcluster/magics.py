@@ -103,7 +103,8 @@ class JaxClusterMagics(Magics):
     @argument(
         "--launcher-args",
         default=None,
-        help="extra options passed through to the launcher (mpiexec, sbatch, ssh), quoted.",
+        help="extra options passed through to the launcher (ssh, mpiexec, sbatch), quoted: "
+        "--launcher-args \"-i ~/.ssh/key -o Port=2222\".",
     )
     @argument(
         "--ip",
@@ -150,7 +151,7 @@ class JaxClusterMagics(Magics):
             coordinator_port=args.coordinator_port,
             hosts=args.hosts,
             engines_per_host=args.engines_per_host,
-            launcher_args=args.launcher_args,
+            launcher_args=_unquote(args.launcher_args),
             ip=args.ip,
             coordinator=args.coordinator,
         )
@@ -369,6 +370,13 @@ def _show_sharding(layout: dict) -> None:
         from .render.sharding import render_sharding_html, render_sharding_text
 
         show(render_sharding_text(layout), render_sharding_html(layout))
+
+
+def _unquote(value: str | None) -> str | None:
+    """IPython's argument splitting keeps the quotes around a quoted value: drop them."""
+    if value and len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
+        return value[1:-1]
+    return value
 
 
 def _seconds(value: str, option: str) -> float:
