@@ -583,11 +583,10 @@ class JaxCluster:
     def _exited_engine_output(self) -> list[str]:
         lines = []
         for data, output in self._exited_engines():
-            host = _launch_host(data)
+            host, code = _launch_host(data), self._exit_code(data)
             where = f" on {host}" if host else ""
-            lines.append(
-                f"--- engine{where}, pid {data.get('pid')} (exit code {self._exit_code(data)}) ---"
-            )
+            ended = f" (exit code {code})" if code is not None else ""
+            lines.append(f"--- engine{where}, pid {data.get('pid')}{ended} ---")
             lines.extend(output.strip().splitlines()[-15:])
         return lines
 

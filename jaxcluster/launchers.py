@@ -306,6 +306,6 @@ def check_ssh_hosts(hosts: list[str], ssh_args: list[str], timeout: float) -> No
         lines = "\n".join(f"  {host}: {why}" for host, why in failures.items())
         raise JaxClusterError(
             f"Cannot start engines on {', '.join(failures)} over ssh:\n{lines}\n"
-            "Each host needs ssh without a password prompt (a key; --launcher-args=\"-i KEY\") "
+            "Each host needs ssh without a password prompt (a key; --launcher-args \"-i KEY\") "
             f"and this Python, with jaxcluster, at the same path: {sys.executable}."
         )
