@@ -97,10 +97,13 @@ def initialize(
     process_id: int,
     timeout: float,
     address: str | None = None,
+    bind_coordinator: bool = False,
 ) -> dict:
     """``jax.distributed.initialize`` this process and describe what it then sees.
 
     ``address``: where the other hosts reach this process, for JAX's CPU collectives.
+    ``bind_coordinator``: the coordination service (process 0) listens on the coordinator's
+    address only, not on all interfaces (JAX's default): it is unauthenticated.
     """
     import jax
 
@@ -109,6 +112,7 @@ def initialize(
         num_processes=num_processes,
         process_id=process_id,
         initialization_timeout=max(1, int(timeout)),
+        coordinator_bind_address=coordinator if bind_coordinator else None,
     )
     if address:
         _cpu_collectives_listen_on(address)

@@ -238,18 +238,24 @@ class JaxCluster:
             )
         began = time.perf_counter()
         self._stack_dir = tempfile.mkdtemp(prefix="jaxcluster-stacks-")
-        plan = plan_launch(
-            LaunchRequest(
-                launcher=self.launcher,
-                nodes=self.nodes,
-                environment=self._environment(),
-                hosts=list(self.hosts or []),
-                engines_per_host=self.engines_per_host,
-                launcher_args=self.launcher_args,
-                ip=self.ip,
-                timeout=self.timeout,
+        try:
+            plan = plan_launch(
+                LaunchRequest(
+                    launcher=self.launcher,
+                    nodes=self.nodes,
+                    environment=self._environment(),
+                    hosts=list(self.hosts or []),
+                    engines_per_host=self.engines_per_host,
+                    launcher_args=self.launcher_args,
+                    ip=self.ip,
+                    timeout=self.timeout,
+                )
             )
-        )
+            if plan.preflight:
+                plan.preflight()
+        except BaseException:
+            self.stop()
+            raise
         cluster = ipp.Cluster(
             n=self.nodes,
             engines=plan.engine_launcher,
@@ -266,8 +272,6 @@ class JaxCluster:
         self.cluster_id = cluster.cluster_id
         _running.add(self)
         try:
-            if plan.preflight:
-                plan.preflight()
             self._loop.run(cluster.start_controller())
             # ipyparallel writes it with the default umask; it names hosts, pids and ssh options
             os.chmod(cluster.cluster_file, 0o600)
@@ -515,6 +519,8 @@ class JaxCluster:
                 index,
                 self.timeout,
                 None if self.launcher == "local" else identities[eid]["address"],
+                # --coordinator may name an address that is not process 0's own (NAT)
+                self.coordinator_override is None,
             )
             for index, eid in enumerate(engine_ids)
         }

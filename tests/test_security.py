@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import stat
@@ -51,6 +52,22 @@ def test_local_controller_listens_on_loopback_only(cluster):
         c.laddr.ip for c in controller.net_connections(kind="tcp") if c.status == "LISTEN"
     }
     assert listening == {"127.0.0.1"}
+
+
+def test_engines_listen_on_loopback_only(cluster):
+    # the coordinator (process 0), gloo and JAX's transfer server: unauthenticated, so local
+    for proc in cluster.processes:
+        listening = {
+            ipaddress.ip_address(c.laddr.ip.removeprefix("::ffff:"))
+            for c in psutil.Process(proc.pid).net_connections(kind="tcp")
+            if c.status == "LISTEN"
+        }
+        assert listening and all(address.is_loopback for address in listening)
+    port = int(cluster.coordinator.rsplit(":", 1)[1])
+    coordinator = psutil.Process(cluster.processes[0].pid).net_connections(kind="tcp")
+    assert [c.laddr.ip for c in coordinator if c.laddr.port == port and c.status == "LISTEN"] in (
+        [["127.0.0.1"], ["::ffff:127.0.0.1"]]
+    )
 
 
 def _ask(sock: zmq.Socket, sender: Session, reader: Session, msg_type: str, content: dict):

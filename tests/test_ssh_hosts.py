@@ -147,6 +147,25 @@ def test_controller_listens_only_on_the_hosts_network(cluster, hosts):
             assert json.load(f)["interface"] == f"tcp://{hosts.networks[0].root_address}"
 
 
+def listening_addresses(namespace: str) -> set[str]:
+    """The addresses that TCP sockets listen on in a namespace host, sshd's aside."""
+    ss = subprocess.run(["ip", "netns", "exec", namespace, "ss", "-Hltn"],
+                        capture_output=True, text=True, check=True)
+    found = set()
+    for line in ss.stdout.splitlines():
+        host, port = line.split()[3].rsplit(":", 1)
+        if port != "22":
+            found.add(host.strip("[]").removeprefix("::ffff:"))
+    return found
+
+
+def test_processes_listen_only_on_their_hosts_address(cluster, hosts):
+    # the coordinator on process 0 and gloo on every process listen on the host's address;
+    # each engine and its ipyparallel nanny talk over loopback
+    for namespace in hosts.networks[0].namespaces:
+        assert listening_addresses(namespace) - {"127.0.0.1"} == {hosts.address(namespace)}
+
+
 def test_a_killed_remote_engine_shows_as_dead_and_restart_replaces_it(cluster, shell):
     victim = cluster.processes[3]
     # the namespaces share our pid namespace, so the test can play the host's OOM killer
@@ -192,7 +211,7 @@ def test_unreachable_host_fails_start_within_the_timeout_naming_it(hosts):
     message = str(info.value)
     assert f"Cannot start engines on {nobody} over ssh" in message
     assert h1 not in message
-    assert cluster_processes(cluster.cluster_id) == []
+    assert cluster.cluster_id is None  # found before anything was created
     assert left_on_hosts(hosts) == {}
 
 
