@@ -497,8 +497,7 @@ class JaxCluster:
         try:
             self._loop.run(cluster.start_engines(self.nodes))
         except Exception as e:
-            # ipyparallel's launcher stopped at the engine it could not start
-            hosts = [h for h, state in self._engine_hosts() if state == "before"]
+            hosts = self._unstarted_hosts()
             where = f" on {', '.join(hosts)}" if hosts else ""
             raise JaxClusterError(f"Could not start the engines{where}: {e}") from None
         engine_ids = self._wait_for_engines(known, progress)
@@ -596,15 +595,17 @@ class JaxCluster:
             lines.extend(output.strip().splitlines()[-15:])
         return lines
 
-    def _engine_hosts(self) -> list[tuple[str, str]]:
-        """(--hosts entry, launcher state) of each engine ipyparallel has not seen end."""
+    def _unstarted_hosts(self) -> list[str]:
+        """The hosts of the engines that ipyparallel's launcher failed to start: it stops at
+        the first, leaving it in the "before" state."""
         cluster = self._ipp_cluster
         if cluster is None or not self.hosts:
             return []
         return [
-            (key.rpartition("/")[0], launcher.state)  # ipyparallel's keys: "HOST/i"
+            key.rpartition("/")[0]  # ipyparallel's keys: "HOST/i"
             for engine_set in list(cluster.engines.values())
             for key, launcher in list(getattr(engine_set, "launchers", {}).items())
+            if launcher.state == "before"
         ]
 
     def _hosts_short_of_engines(self, registered: list[int]) -> list[str]:
@@ -815,7 +816,9 @@ def _kill_engines(cluster: ipp.Cluster) -> None:
     # let ipyparallel notice the ends, so that its own stop has nothing left to signal
     deadline = time.monotonic() + SSH_KILL_SECONDS
     while time.monotonic() < deadline and any(
-        getattr(s, "launchers", None) for s in cluster.engines.values()
+        launcher.state == "running"
+        for engine_set in list(cluster.engines.values())
+        for launcher in list(getattr(engine_set, "launchers", {}).values())
     ):
         time.sleep(POLL_SECONDS)
 
