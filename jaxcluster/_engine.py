@@ -8,10 +8,15 @@ import this module from the same installation; keep it free of IPython and of cl
 from __future__ import annotations
 
 import faulthandler
+import ipaddress
 import os
 import signal
 import socket
+import sys
 from typing import Any
+
+# launchers.HOST_ARG; not imported from there, which would import traitlets before jax
+HOST_ARG = "--jaxcluster-host="
 
 
 def main() -> None:
@@ -22,6 +27,7 @@ def main() -> None:
     iterates ``sys.modules`` while it starts, and a concurrent import breaks that.) A failed
     import is reported later, by ``initialize``, which imports jax again and gets the same error.
     """
+    _take_host_name()
     _dump_stacks_on_sigusr1()
     try:
         import jax  # noqa: F401
@@ -30,6 +36,14 @@ def main() -> None:
     from ipyparallel.engine.app import main as engine_main
 
     engine_main()
+
+
+def _take_host_name() -> None:
+    """Remove our ``--jaxcluster-host=NAME`` from the engine's arguments; keep NAME for identity."""
+    for arg in list(sys.argv):
+        if arg.startswith(HOST_ARG):
+            sys.argv.remove(arg)
+            os.environ["JAXCLUSTER_HOST"] = arg[len(HOST_ARG):]
 
 
 def _dump_stacks_on_sigusr1() -> None:
@@ -42,19 +56,29 @@ def _dump_stacks_on_sigusr1() -> None:
     faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
 
 
-def identity() -> dict[str, Any]:
-    """Where this engine runs: host name, pid and an address other hosts can reach."""
-    return {"host": socket.gethostname(), "pid": os.getpid(), "address": reachable_address()}
+def identity(toward: str | None = None) -> dict[str, Any]:
+    """Where this engine runs: its host (as named in --hosts where it was started by name),
+    pid, and the address other hosts reach it at (see ``reachable_address``)."""
+    return {
+        "host": os.environ.get("JAXCLUSTER_HOST") or socket.gethostname(),
+        "pid": os.getpid(),
+        "address": reachable_address(toward),
+    }
 
 
-def reachable_address() -> str:
-    """This host's address on the interface that has the default route, else loopback."""
+def reachable_address(toward: str | None = None) -> str:
+    """This host's address on the interface that reaches ``toward`` (the controller's address:
+    the network the cluster's hosts share), else on the one with the default route, else
+    loopback. ``$JAXCLUSTER_ADDRESS`` overrides it."""
     if os.environ.get("JAXCLUSTER_ADDRESS"):
         return os.environ["JAXCLUSTER_ADDRESS"]
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+    if not toward or ipaddress.ip_address(toward).is_unspecified:
+        toward = "10.255.255.255"
+    family = socket.AF_INET6 if ipaddress.ip_address(toward).version == 6 else socket.AF_INET
+    with socket.socket(family, socket.SOCK_DGRAM) as probe:
         try:
             # connect() on UDP sends nothing; it only picks the outgoing interface.
-            probe.connect(("10.255.255.255", 1))
+            probe.connect((toward, 1))
             return probe.getsockname()[0]
         except OSError:
             return "127.0.0.1"
@@ -67,8 +91,20 @@ def claim_port(port: int = 0, host: str = "") -> int:
         return sock.getsockname()[1]
 
 
-def initialize(coordinator: str, num_processes: int, process_id: int, timeout: float) -> dict:
-    """``jax.distributed.initialize`` this process and describe what it then sees."""
+def initialize(
+    coordinator: str,
+    num_processes: int,
+    process_id: int,
+    timeout: float,
+    address: str | None = None,
+    bind_coordinator: bool = False,
+) -> dict:
+    """``jax.distributed.initialize`` this process and describe what it then sees.
+
+    ``address``: where the other hosts reach this process, for JAX's CPU collectives.
+    ``bind_coordinator``: the coordination service (process 0) listens on the coordinator's
+    address only, not on all interfaces (JAX's default): it is unauthenticated.
+    """
     import jax
 
     jax.distributed.initialize(
@@ -76,7 +112,10 @@ def initialize(coordinator: str, num_processes: int, process_id: int, timeout: f
         num_processes=num_processes,
         process_id=process_id,
         initialization_timeout=max(1, int(timeout)),
+        coordinator_bind_address=coordinator if bind_coordinator else None,
     )
+    if address:
+        _cpu_collectives_listen_on(address)
     from .sharding import install as install_sharding_display
 
     install_sharding_display()
@@ -91,6 +130,33 @@ def initialize(coordinator: str, num_processes: int, process_id: int, timeout: f
             "platform is installed here (for NVIDIA GPUs: pip install 'jax[cuda12]') and that "
             "its devices are visible, or choose another --platform."
         ) from e
+
+
+def _cpu_collectives_listen_on(address: str) -> None:
+    """Make JAX's CPU collectives (gloo) listen on ``address``.
+
+    gloo listens on whatever the host name resolves to, which other hosts often cannot reach
+    (Debian maps it to 127.0.1.1; network namespaces share one name). JAX has no option for it,
+    so the CPU backend's factory is replaced, before any backend exists, by one that names the
+    address. Where JAX's internals differ, its own default stays.
+    """
+    import jax
+
+    if jax.config.jax_cpu_collectives_implementation != "gloo":
+        return
+    try:
+        from jax._src import distributed, xla_bridge
+        from jax._src.lib import _jax
+    except ImportError:
+        return
+
+    def make_cpu_client() -> Any:
+        collectives = _jax.make_gloo_tcp_collectives(
+            distributed_client=distributed.global_state.client, hostname=address
+        )
+        return xla_bridge.make_cpu_client(collectives=collectives)
+
+    xla_bridge.register_backend_factory("cpu", make_cpu_client, priority=0, fail_quietly=False)
 
 
 def describe_jax() -> dict:

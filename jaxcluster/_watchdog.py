@@ -3,7 +3,8 @@
 ipyparallel starts each process in its own session so that signals are not forwarded, and its
 atexit hook cannot run when the notebook's kernel is killed with SIGKILL. This small process
 outlives its parent for exactly that case: it polls the parent and, when the parent has exited,
-kills every pid that ipyparallel's cluster file lists (controller and engines) and their children.
+kills every pid that ipyparallel's cluster file lists (controller and engines) and their children;
+engines started over ssh are killed over ssh, since their pids belong to other hosts.
 
 Run as ``python -m jaxcluster._watchdog PARENT_PID PARENT_CREATE_TIME CLUSTER_FILE``.
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 import time
 
@@ -32,24 +34,76 @@ def parent_alive(pid: int, create_time: float) -> bool:
         return False
 
 
-def cluster_pids(cluster_file: str) -> list[int]:
-    """The controller's and engines' pids recorded in an ipyparallel cluster file."""
+def read_cluster_file(cluster_file: str) -> dict:
     try:
         with open(cluster_file) as f:
-            info = json.load(f)
+            return json.load(f)
     except (OSError, ValueError):
-        return []
+        return {}
+
+
+def cluster_pids(info: dict) -> list[int]:
+    """The pids of this host's controller and engines in an ipyparallel cluster file's data."""
     pids = []
     controller = (info.get("controller") or {}).get("state") or {}
     if (controller.get("pid") or 0) > 0:
         pids.append(controller["pid"])
-    for engine_set in ((info.get("engines") or {}).get("sets") or {}).values():
+    engines = info.get("engines") or {}
+    if engines.get("class") == "ssh":
+        return pids
+    for engine_set in (engines.get("sets") or {}).values():
         if (engine_set.get("pid") or 0) > 0:
             pids.append(engine_set["pid"])
         for engine in (engine_set.get("engines") or {}).values():
             if (engine.get("pid") or 0) > 0:
                 pids.append(engine["pid"])
     return pids
+
+
+def ssh_engines(info: dict) -> list[dict]:
+    """ipyparallel's records of the engines it started over ssh (ssh_cmd, ssh_args, user,
+    hostname, pid), from a cluster file's data."""
+    engines = info.get("engines") or {}
+    if engines.get("class") != "ssh":
+        return []
+    return [
+        engine
+        for engine_set in (engines.get("sets") or {}).values()
+        for engine in (engine_set.get("engines") or {}).values()
+    ]
+
+
+def ssh_kill_commands(engines: list[dict]) -> list[list[str]]:
+    """One ``ssh HOST kill -KILL PID...`` per host, for ipyparallel's ssh engine records."""
+    by_host: dict[tuple, list[str]] = {}
+    for engine in engines:
+        if (engine.get("pid") or 0) <= 0 or not engine.get("hostname"):
+            continue
+        user = engine.get("user")
+        location = f"{user}@{engine['hostname']}" if user else engine["hostname"]
+        key = (tuple(engine.get("ssh_cmd") or ["ssh"]), tuple(engine.get("ssh_args") or []), location)
+        by_host.setdefault(key, []).append(str(engine["pid"]))
+    return [[*ssh, *args, host, "kill", "-KILL", *pids] for (ssh, args, host), pids in by_host.items()]
+
+
+def run_all(commands: list[list[str]], timeout: float) -> None:
+    """Run the commands at once; kill any still running after ``timeout`` seconds."""
+    running = [
+        subprocess.Popen(
+            command,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        for command in commands
+    ]
+    deadline = time.monotonic() + timeout
+    for proc in running:
+        try:
+            proc.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 def kill_tree(pids: list[int]) -> None:
@@ -73,7 +127,9 @@ def main(argv: list[str]) -> int:
     parent_pid, create_time, cluster_file = int(argv[0]), float(argv[1]), argv[2]
     while parent_alive(parent_pid, create_time):
         time.sleep(POLL_SECONDS)
-    kill_tree(cluster_pids(cluster_file))
+    info = read_cluster_file(cluster_file)
+    kill_tree(cluster_pids(info))
+    run_all(ssh_kill_commands(ssh_engines(info)), timeout=30)
     try:
         os.remove(cluster_file)
     except OSError:

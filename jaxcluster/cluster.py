@@ -24,16 +24,31 @@ from typing import Any
 
 import ipyparallel as ipp
 import psutil
+from ipyparallel.cluster.launcher import SSHEngineSetLauncher
 
 from . import _engine
+from ._watchdog import run_all, ssh_kill_commands
 from .stacks import main_thread_stack
 from .errors import ConfigError, JaxClusterError, NoClusterError
-from .launchers import check_launcher, engine_environment, plan_launch
+from .launchers import (
+    LaunchRequest,
+    check_hosts_options,
+    check_launcher,
+    check_local_ip,
+    engine_environment,
+    engines_by_host,
+    parse_hosts,
+    plan_launch,
+    split_args,
+    split_host_port,
+)
 from .output import process_label
 
 PLATFORMS = ("cpu", "gpu", "cuda", "rocm", "tpu")
+DEFAULT_NODES = 4
 DEFAULT_CPU_DEVICES = 2
 POLL_SECONDS = 0.05
+SSH_KILL_SECONDS = 15
 
 # Clusters that are running, stopped at interpreter exit before ipyparallel's own atexit hook
 # (which would first wait for each engine to ignore a SIGTERM). Registered after ipyparallel's
@@ -99,7 +114,7 @@ class JaxCluster:
 
     def __init__(
         self,
-        nodes: int = 4,
+        nodes: int | None = None,
         devices_per_node: int | None = None,
         platform: str | None = None,
         launcher: str = "local",
@@ -107,7 +122,19 @@ class JaxCluster:
         coordinator_port: int | None = None,
         engine_env: dict[str, str] | None = None,
         profile_dir: str | None = None,
+        hosts: list[str] | str | None = None,
+        engines_per_host: int | None = None,
+        launcher_args: list[str] | str | None = None,
+        ip: str | None = None,
+        coordinator: str | None = None,
     ) -> None:
+        hosts = parse_hosts(hosts)
+        if engines_per_host is not None:
+            engines_per_host = _positive_int(
+                engines_per_host, "--engines-per-host", "--engines-per-host 2"
+            )
+        if nodes is None:
+            nodes = len(hosts) * engines_per_host if hosts and engines_per_host else DEFAULT_NODES
         self.nodes = _positive_int(nodes, "--nodes", "--nodes 4")
         if platform is not None:
             platform = str(platform).lower()
@@ -127,6 +154,7 @@ class JaxCluster:
                     "--platform cpu."
                 )
         check_launcher(launcher)
+        check_hosts_options(launcher, self.nodes, hosts, engines_per_host)
         try:
             timeout = float(timeout)
         except (TypeError, ValueError):
@@ -137,6 +165,14 @@ class JaxCluster:
             coordinator_port = _positive_int(coordinator_port, "--coordinator-port", "--coordinator-port 12355")
             if coordinator_port > 65535:
                 raise ConfigError("--coordinator-port must be between 1 and 65535.")
+        if coordinator is not None:
+            if coordinator_port is not None:
+                raise ConfigError(
+                    "Give --coordinator HOST:PORT or --coordinator-port P, not both."
+                )
+            split_host_port(coordinator, "--coordinator")
+        if ip is not None:
+            check_local_ip(ip)
         self.platform = platform
         self.devices_per_node = devices_per_node
         self.launcher = launcher
@@ -144,12 +180,18 @@ class JaxCluster:
         self.coordinator_port = coordinator_port
         self.engine_env = dict(engine_env or {})
         self.profile_dir = profile_dir
+        self.hosts = hosts
+        self.engines_per_host = engines_per_host
+        self.launcher_args = split_args(launcher_args)
+        self.ip = ip
+        self.coordinator_override = coordinator
 
         self.processes: list[ProcessInfo] = []
         self.cluster_id: str | None = None
         self.coordinator: str | None = None
         self.startup_seconds: float | None = None
         self._ipp_cluster: ipp.Cluster | None = None
+        self._controller_ip: str | None = None
         self._client: ipp.Client | None = None
         self._view: ipp.DirectView | None = None
         self._watchdog: subprocess.Popen | None = None
@@ -196,7 +238,24 @@ class JaxCluster:
             )
         began = time.perf_counter()
         self._stack_dir = tempfile.mkdtemp(prefix="jaxcluster-stacks-")
-        plan = plan_launch(self.launcher, self._environment())
+        try:
+            plan = plan_launch(
+                LaunchRequest(
+                    launcher=self.launcher,
+                    nodes=self.nodes,
+                    environment=self._environment(),
+                    hosts=list(self.hosts or []),
+                    engines_per_host=self.engines_per_host,
+                    launcher_args=self.launcher_args,
+                    ip=self.ip,
+                    timeout=self.timeout,
+                )
+            )
+            if plan.preflight:
+                plan.preflight()
+        except BaseException:
+            self.stop()
+            raise
         cluster = ipp.Cluster(
             n=self.nodes,
             engines=plan.engine_launcher,
@@ -209,10 +268,13 @@ class JaxCluster:
             **({"profile_dir": self.profile_dir} if self.profile_dir else {}),
         )
         self._ipp_cluster = cluster
+        self._controller_ip = plan.controller_ip
         self.cluster_id = cluster.cluster_id
         _running.add(self)
         try:
             self._loop.run(cluster.start_controller())
+            # ipyparallel writes it with the default umask; it names hosts, pids and ssh options
+            os.chmod(cluster.cluster_file, 0o600)
             _register_atexit()
             self._start_watchdog()
             self._client = self._loop.run(cluster.connect_client())
@@ -361,7 +423,8 @@ class JaxCluster:
             if proc.pid in exit_codes:
                 code = exit_codes[proc.pid]
                 dead[proc.process_index] = (
-                    f"died (signal {-code})" if isinstance(code, int) and code < 0
+                    "died" if code is None
+                    else f"died (signal {-code})" if isinstance(code, int) and code < 0
                     else f"died (exit code {code})"
                 )
             elif alive_ids is None and not self._pid_alive(proc):
@@ -431,17 +494,32 @@ class JaxCluster:
         client = self._client
         assert cluster is not None and client is not None
         known = set(client.ids)
-        self._loop.run(cluster.start_engines(self.nodes))
+        try:
+            self._loop.run(cluster.start_engines(self.nodes))
+        except Exception as e:
+            hosts = self._unstarted_hosts()
+            where = f" on {', '.join(hosts)}" if hosts else ""
+            raise JaxClusterError(f"Could not start the engines{where}: {e}") from None
         engine_ids = self._wait_for_engines(known, progress)
         identities = self._gather(
-            {eid: client[eid].apply_async(_engine.identity) for eid in engine_ids},
+            {eid: client[eid].apply_async(_engine.identity, self._controller_ip) for eid in engine_ids},
             engine_ids,
             "report where it runs",
         )
+        if self.hosts:
+            # each host's processes get consecutive indices, hosts in --hosts order
+            engine_ids.sort(key=lambda eid: self.hosts.index(identities[eid]["host"]))
         coordinator = self._coordinator_address(engine_ids[0], identities[engine_ids[0]])
         pending = {
             eid: client[eid].apply_async(
-                _engine.initialize, coordinator, len(engine_ids), index, self.timeout
+                _engine.initialize,
+                coordinator,
+                len(engine_ids),
+                index,
+                self.timeout,
+                None if self.launcher == "local" else identities[eid]["address"],
+                # --coordinator may name an address that is not process 0's own (NAT)
+                self.coordinator_override is None,
             )
             for index, eid in enumerate(engine_ids)
         }
@@ -468,14 +546,18 @@ class JaxCluster:
                 return new[: self.nodes]
             exited = self._exited_engines()
             if exited:
+                hosts = sorted({_launch_host(data) for data, _ in exited} - {""})
                 raise JaxClusterError(
-                    f"{len(exited)} engine(s) exited before registering with the controller. "
+                    f"{len(exited)} engine(s) exited before registering with the controller"
+                    f"{' on ' + ', '.join(hosts) if hosts else ''}.{self._reach_hint()} "
                     f"Their output:\n" + "\n".join(self._exited_engine_output())
                 )
             if time.monotonic() > deadline:
+                short = self._hosts_short_of_engines(new)
                 raise JaxClusterError(
-                    f"Only {len(new)} of {self.nodes} engines registered within {self.timeout:g} s. "
-                    "Raise --timeout if the hosts are slow to start."
+                    f"Only {len(new)} of {self.nodes} engines registered within {self.timeout:g} s"
+                    f"{' (missing on ' + ', '.join(short) + ')' if short else ''}. Raise --timeout "
+                    f"if the hosts are slow to start.{self._reach_hint()}"
                 )
             time.sleep(POLL_SECONDS)
 
@@ -497,14 +579,59 @@ class JaxCluster:
         return list({data.get("pid"): (data, output) for data, output in ended}.values())
 
     def _engine_exit_codes(self) -> dict[int, Any]:
-        return {data.get("pid"): data.get("exit_code") for data, _ in self._exited_engines()}
+        return {data.get("pid"): self._exit_code(data) for data, _ in self._exited_engines()}
+
+    def _exit_code(self, stop_data: dict) -> Any:
+        # ipyparallel's ssh launcher cannot learn a remote exit code and reports -1
+        return None if self.launcher == "ssh" else stop_data.get("exit_code")
 
     def _exited_engine_output(self) -> list[str]:
         lines = []
         for data, output in self._exited_engines():
-            lines.append(f"--- engine pid {data.get('pid')} (exit code {data.get('exit_code')}) ---")
+            host, code = _launch_host(data), self._exit_code(data)
+            where = f" on {host}" if host else ""
+            ended = f" (exit code {code})" if code is not None else ""
+            lines.append(f"--- engine{where}, pid {data.get('pid')}{ended} ---")
             lines.extend(output.strip().splitlines()[-15:])
         return lines
+
+    def _unstarted_hosts(self) -> list[str]:
+        """The hosts of the engines that ipyparallel's launcher failed to start: it stops at
+        the first, leaving it in the "before" state."""
+        cluster = self._ipp_cluster
+        if cluster is None or not self.hosts:
+            return []
+        return [
+            key.rpartition("/")[0]  # ipyparallel's keys: "HOST/i"
+            for engine_set in list(cluster.engines.values())
+            for key, launcher in list(getattr(engine_set, "launchers", {}).items())
+            if launcher.state == "before"
+        ]
+
+    def _hosts_short_of_engines(self, registered: list[int]) -> list[str]:
+        """The hosts with fewer registered engines than asked for, by what those engines say."""
+        client = self._client
+        if not self.hosts or client is None:
+            return []
+        pending = [client[eid].apply_async(_engine.identity) for eid in registered]
+        found: dict[str, int] = {}
+        deadline = time.monotonic() + 5
+        for ar in pending:
+            try:
+                host = ar.get(max(0.1, deadline - time.monotonic()))["host"]
+            except Exception:  # noqa: BLE001 - an engine that cannot answer counts as missing
+                continue
+            found[host] = found.get(host, 0) + 1
+        expected = engines_by_host(self.nodes, self.hosts, self.engines_per_host)
+        return [host for host, n in expected.items() if found.get(host, 0) < n]
+
+    def _reach_hint(self) -> str:
+        if not self.hosts:
+            return ""
+        return (
+            f" Engines connect back to the controller at {self._controller_ip}: check that "
+            "every host can reach that address (routes, firewall), or choose another with --ip."
+        )
 
     def _gather(
         self,
@@ -552,19 +679,25 @@ class JaxCluster:
         )
 
     def _coordinator_address(self, engine_id: int, identity: dict) -> str:
-        """Process 0's address with a port that is free there (checked on process 0 itself)."""
+        """Process 0's address that every process reaches (loopback when all are local), or
+        ``--coordinator``, with a port that is free on process 0 (checked there)."""
         client = self._client
         assert client is not None
-        host = "127.0.0.1" if self.launcher == "local" else identity["address"]
+        if self.coordinator_override:
+            host, wanted = split_host_port(self.coordinator_override, "--coordinator")
+            option = "--coordinator HOST:PORT"
+        else:
+            host = "127.0.0.1" if self.launcher == "local" else identity["address"]
+            wanted, option = self.coordinator_port or 0, "--coordinator-port P"
         try:
-            port = client[engine_id].apply_sync(_engine.claim_port, self.coordinator_port or 0)
+            port = client[engine_id].apply_sync(_engine.claim_port, wanted)
         except ipp.error.RemoteError as e:
             raise JaxClusterError(
-                f"The coordinator port {self.coordinator_port} is already in use on "
-                f"{identity['host']} (process 0): {e.evalue}. Choose another with "
-                "--coordinator-port P, or leave it out to use a free port."
+                f"The coordinator port {wanted} is already in use on {identity['host']} "
+                f"(process 0): {e.evalue}. Choose another with {option}, or leave it out to use "
+                "a free port."
             ) from None
-        return f"{host}:{port}"
+        return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
     def _verified_processes(
         self, engine_ids: list[int], identities: dict[int, dict], results: dict[int, dict]
@@ -601,6 +734,9 @@ class JaxCluster:
         return sorted(processes, key=lambda p: p.process_index)
 
     def _pid_alive(self, proc: ProcessInfo) -> bool:
+        if self.launcher == "ssh":
+            # ipyparallel's ssh launcher watches each remote pid and records its end
+            return proc.pid not in self._engine_exit_codes()
         if self.launcher != "local":
             return True  # remote pids mean nothing here; the heartbeat decides
         try:
@@ -656,12 +792,40 @@ class _LoopThread:
 
 
 def _kill_engines(cluster: ipp.Cluster) -> None:
-    """SIGKILL every engine of ``cluster`` (see launchers.STOP_SECONDS_UNTIL_KILL for why)."""
+    """SIGKILL every engine of ``cluster`` (see launchers.STOP_SECONDS_UNTIL_KILL for why).
+
+    Engines on other hosts get one ``ssh HOST kill`` per host, all at once; ipyparallel would
+    send each signal over ssh through a remote Python, one engine after another.
+    """
+    remote = []
     for engine_set in list(cluster.engines.values()):
-        try:
-            engine_set.signal(signal.SIGKILL)
-        except Exception:  # noqa: BLE001 - already gone is fine
-            pass
+        if not isinstance(engine_set, SSHEngineSetLauncher):
+            try:
+                engine_set.signal(signal.SIGKILL)
+            except Exception:  # noqa: BLE001 - already gone is fine
+                pass
+            continue
+        for launcher in list(engine_set.launchers.values()):
+            # ipyparallel would fetch a stopped engine's output over ssh and scp, one engine
+            # after another; nobody reads it once we stop the engines
+            launcher._output = ""
+            remote.append(launcher.to_dict())
+    if not remote:
+        return
+    run_all(ssh_kill_commands(remote), timeout=SSH_KILL_SECONDS)
+    # let ipyparallel notice the ends, so that its own stop has nothing left to signal
+    deadline = time.monotonic() + SSH_KILL_SECONDS
+    while time.monotonic() < deadline and any(
+        launcher.state == "running"
+        for engine_set in list(cluster.engines.values())
+        for launcher in list(getattr(engine_set, "launchers", {}).values())
+    ):
+        time.sleep(POLL_SECONDS)
+
+
+def _launch_host(stop_data: dict) -> str:
+    """The --hosts entry of an ended ssh engine (ipyparallel's identifier "HOST/i"), else ""."""
+    return str(stop_data.get("identifier") or "").rpartition("/")[0]
 
 
 def _remote_message(error: ipp.error.RemoteError) -> str:

@@ -5,14 +5,20 @@ We never start processes ourselves: ipyparallel's launchers do, configured here.
 
 from __future__ import annotations
 
+import ipaddress
+import shlex
+import socket
+import subprocess
 import sys
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from traitlets.config import Config
 
-from .errors import ConfigError
+from .errors import ConfigError, JaxClusterError
 
-LAUNCHERS = ("local",)
+LAUNCHERS = ("local", "ssh", "mpi", "slurm")
 
 # The hub confirms an engine's registration on its next heartbeat; ipyparallel's default of 3 s
 # makes every start wait seconds for nothing and dead engines go unnoticed as long.
@@ -29,6 +35,8 @@ class LaunchPlan:
     controller_ip: str
     controller_args: list[str]
     config: Config = field(default_factory=Config)
+    # run before anything starts; raises JaxClusterError naming what cannot work
+    preflight: Callable[[], None] | None = None
 
 
 def engine_environment(platform: str | None, devices_per_node: int | None) -> dict[str, str]:
@@ -49,8 +57,27 @@ def check_launcher(launcher: str) -> None:
         )
 
 
-def plan_launch(launcher: str, environment: dict[str, str]) -> LaunchPlan:
-    check_launcher(launcher)
+@dataclass
+class LaunchRequest:
+    """What the user asked for, as far as starting processes goes."""
+
+    launcher: str
+    nodes: int
+    environment: dict[str, str]
+    hosts: list[str] = field(default_factory=list)
+    engines_per_host: int | None = None
+    launcher_args: list[str] = field(default_factory=list)
+    ip: str | None = None
+    timeout: float = 120
+
+
+def plan_launch(request: LaunchRequest) -> LaunchPlan:
+    check_launcher(request.launcher)
+    return _PLANNERS[request.launcher](request)
+
+
+def _plan_local(request: LaunchRequest) -> LaunchPlan:
+    environment = request.environment
     config = Config()
     engine_set = config.LocalEngineSetLauncher
     engine_set.engine_cmd = [sys.executable, "-m", "jaxcluster._engine"]
@@ -60,7 +87,225 @@ def plan_launch(launcher: str, environment: dict[str, str]) -> LaunchPlan:
     config.LocalControllerLauncher.stop_seconds_until_kill = STOP_SECONDS_UNTIL_KILL
     return LaunchPlan(
         engine_launcher="local",
-        controller_ip="127.0.0.1",
+        controller_ip=request.ip or "127.0.0.1",
         controller_args=["--usethreads", f"--HeartMonitor.period={HEARTBEAT_MS}"],
         config=config,
     )
+
+
+def _plan_ssh(request: LaunchRequest) -> LaunchPlan:
+    engines = engines_by_host(request.nodes, request.hosts, request.engines_per_host)
+    ssh_args = ssh_options(request.launcher_args, request.timeout)
+    config = Config()
+    engine_set = config.SSHEngineSetLauncher
+    # the same Python at the same path on every host (a shared or identical installation)
+    engine_set.remote_python = sys.executable
+    engine_set.engine_cmd = [sys.executable, "-m", "jaxcluster._engine"]
+    # each engine learns the name it was started under, so processes are ordered and errors
+    # reported by the host names the user gave
+    engine_set.engines = {
+        host: {"n": n, "engine_args": [f"{HOST_ARG}{host}"]} for host, n in engines.items()
+    }
+    engine_set.environment = dict(request.environment)
+    engine_set.ssh_args = ssh_args
+    engine_set.scp_args = ssh_args
+    engine_set.delay = 0.0
+    engine_set.stop_seconds_until_kill = STOP_SECONDS_UNTIL_KILL
+    # Engines get the controller's connection info, key included, in their environment, sent
+    # through ssh's stdin. Copying the connection file as well is useless, and where the hosts
+    # share the home directory scp would copy the file onto itself and truncate it.
+    config.SSHEngineLauncher.to_send = []
+    config.LocalControllerLauncher.stop_seconds_until_kill = STOP_SECONDS_UNTIL_KILL
+    return LaunchPlan(
+        engine_launcher="ssh",
+        controller_ip=request.ip or route_address(next(iter(engines))),
+        controller_args=["--usethreads", f"--HeartMonitor.period={HEARTBEAT_MS}"],
+        config=config,
+        preflight=lambda: check_ssh_hosts(list(engines), ssh_args, request.timeout),
+    )
+
+
+def _plan_mpi(request: LaunchRequest) -> LaunchPlan:
+    raise ConfigError("--launcher mpi: not built yet (issue 7).")
+
+
+def _plan_slurm(request: LaunchRequest) -> LaunchPlan:
+    raise ConfigError("--launcher slurm: not built yet (issue 7).")
+
+
+_PLANNERS = {"local": _plan_local, "ssh": _plan_ssh, "mpi": _plan_mpi, "slurm": _plan_slurm}
+
+
+# ``python -m jaxcluster._engine --jaxcluster-host=NAME``: the --hosts entry an engine runs on
+HOST_ARG = "--jaxcluster-host="
+
+# ssh options that scp spells differently (scp -p keeps times, scp -l limits bandwidth)
+_SSH_ONLY_OPTIONS = {"-p": "-o Port=2222", "-l": "-o User=NAME"}
+
+
+def parse_hosts(hosts: list[str] | str | None) -> list[str]:
+    """``"h1,h2"`` or ``["h1", "h2"]`` -> ``["h1", "h2"]``; entries may be ``user@host:port``."""
+    if hosts is None:
+        return []
+    entries = hosts.split(",") if isinstance(hosts, str) else list(hosts)
+    parsed = [str(h).strip() for h in entries if str(h).strip()]
+    for host in parsed:
+        if any(c.isspace() for c in host):
+            raise ConfigError(
+                f"--hosts takes comma-separated host names (e.g. --hosts h1,h2), not {hosts!r}."
+            )
+    if len(set(parsed)) != len(parsed):
+        raise ConfigError(
+            f"--hosts names a host twice ({hosts!r}); use --engines-per-host K for several "
+            "processes on one host."
+        )
+    return parsed
+
+
+def split_args(args: list[str] | str | None) -> list[str]:
+    """``--launcher-args`` as one quoted string (the magic) or a list (the Python API)."""
+    if args is None:
+        return []
+    return shlex.split(args) if isinstance(args, str) else [str(a) for a in args]
+
+
+def engines_by_host(nodes: int, hosts: list[str], engines_per_host: int | None) -> dict[str, int]:
+    """How many JAX processes each host runs, in host order: ``--nodes`` spread as evenly as
+    possible, the first hosts taking one more, unless ``--engines-per-host`` says."""
+    if engines_per_host is not None:
+        if nodes != len(hosts) * engines_per_host:
+            raise ConfigError(
+                f"--nodes {nodes} does not match {len(hosts)} hosts × --engines-per-host "
+                f"{engines_per_host} = {len(hosts) * engines_per_host}. Leave --nodes out, or "
+                "make them agree."
+            )
+        return {host: engines_per_host for host in hosts}
+    if nodes < len(hosts):
+        raise ConfigError(
+            f"--nodes {nodes} is fewer than the {len(hosts)} hosts in --hosts: every host runs "
+            "at least one process. Name fewer hosts, or raise --nodes."
+        )
+    share, extra = divmod(nodes, len(hosts))
+    return {host: share + (i < extra) for i, host in enumerate(hosts)}
+
+
+def check_hosts_options(
+    launcher: str, nodes: int, hosts: list[str], engines_per_host: int | None
+) -> None:
+    """Reject host options that cannot work, before anything starts."""
+    if launcher == "ssh" and not hosts:
+        raise ConfigError(
+            "--launcher ssh needs the hosts to start engines on: --hosts h1,h2[,...]."
+        )
+    if launcher == "local" and (hosts or engines_per_host is not None):
+        raise ConfigError(
+            "--hosts and --engines-per-host start engines on other hosts: add --launcher ssh."
+        )
+    if hosts:
+        engines_by_host(nodes, hosts, engines_per_host)
+
+
+def split_host_port(address: str, option: str) -> tuple[str, int]:
+    """``"host:port"`` or ``"[v6]:port"`` -> ``(host, port)``."""
+    host, sep, port = address.rpartition(":")
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    if not sep or not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise ConfigError(
+            f"{option} takes HOST:PORT with a port between 1 and 65535 (e.g. {option} "
+            f"10.0.0.1:12355), not {address!r}."
+        )
+    return host, int(port)
+
+
+def check_local_ip(ip: str) -> None:
+    """``--ip`` must be an address of this machine: the controller listens on it."""
+    try:
+        family = socket.AF_INET6 if ipaddress.ip_address(ip).version == 6 else socket.AF_INET
+        with socket.socket(family, socket.SOCK_STREAM) as sock:
+            sock.bind((ip, 0))
+    except (ValueError, OSError):
+        raise ConfigError(
+            f"--ip takes an address of this machine for the controller to listen on (e.g. "
+            f"--ip 10.0.0.5), not {ip!r}."
+        ) from None
+
+
+def _host_name(host: str) -> str:
+    """``user@host:port`` -> ``host`` (ipyparallel's form of an ssh destination)."""
+    return host.rpartition("@")[2].partition(":")[0]
+
+
+def route_address(host: str) -> str:
+    """This machine's address on the interface that reaches ``host``."""
+    name = _host_name(host)
+    try:
+        family, _, _, _, sockaddr = socket.getaddrinfo(name, 22, type=socket.SOCK_DGRAM)[0]
+        with socket.socket(family, socket.SOCK_DGRAM) as probe:
+            # connect() on UDP sends nothing; it only picks the outgoing interface
+            probe.connect(sockaddr)
+            return probe.getsockname()[0]
+    except OSError as e:
+        raise JaxClusterError(
+            f"Cannot find a way to host {name}: {e}. Check the name in --hosts, or name the "
+            "address the controller listens on with --ip."
+        ) from None
+
+
+def ssh_options(launcher_args: list[str], timeout: float) -> list[str]:
+    """ssh's options: the user's first (ssh keeps the first value of an option), then ours.
+
+    BatchMode: a password or host key prompt would wait forever inside a notebook cell.
+    """
+    for arg in launcher_args:
+        if arg in _SSH_ONLY_OPTIONS:
+            raise ConfigError(
+                f"--launcher-args {arg} means something else to scp, which ipyparallel also "
+                f"runs: write {_SSH_ONLY_OPTIONS[arg]} instead (or user@host:port in --hosts)."
+            )
+    connect = max(1, int(min(timeout, 30)))
+    return [*launcher_args, "-o", "BatchMode=yes", "-o", f"ConnectTimeout={connect}"]
+
+
+# exit status 3: the host's Python has no jaxcluster; find_spec does not import it (fast)
+_FIND_JAXCLUSTER = (
+    "import importlib.util, sys; sys.exit(3 if importlib.util.find_spec('jaxcluster') is None "
+    "else 0)"
+)
+
+
+def check_ssh_hosts(hosts: list[str], ssh_args: list[str], timeout: float) -> None:
+    """Reach every host over ssh and find jaxcluster there, all at once, before anything starts.
+
+    ipyparallel's own failures name neither the host nor the cause.
+    """
+    command = shlex.join([sys.executable, "-c", _FIND_JAXCLUSTER])
+
+    def probe(host: str) -> str | None:
+        user, _, rest = host.rpartition("@")
+        name, _, port = rest.partition(":")
+        destination = ["-p", port] if port else []
+        try:
+            done = subprocess.run(
+                ["ssh", *ssh_args, *destination, f"{user}@{name}" if user else name, command],
+                stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout,
+            )
+        except subprocess.TimeoutExpired:
+            return f"ssh did not answer within {timeout:g} s"
+        if done.returncode == 0:
+            return None
+        said = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
+        if done.returncode == 255:
+            return f"ssh failed: {said}"
+        if done.returncode == 3:
+            return f"jaxcluster is not installed for {sys.executable} there"
+        return f"{sys.executable} does not run there ({said})"
+
+    with ThreadPoolExecutor(len(hosts)) as pool:
+        failures = {h: why for h, why in zip(hosts, pool.map(probe, hosts)) if why}
+    if failures:
+        lines = "\n".join(f"  {host}: {why}" for host, why in failures.items())
+        raise JaxClusterError(
+            f"Cannot start engines on {', '.join(failures)} over ssh:\n{lines}\n"
+            "Each host needs ssh without a password prompt (a key; --launcher-args \"-i KEY\") "
+            f"and this Python, with jaxcluster, at the same path: {sys.executable}."
+        )

@@ -58,11 +58,17 @@ class JaxClusterMagics(Magics):
     @magic_arguments()
     @argument(
         "action",
-        choices=("start", "stop", "status", "restart"),
+        choices=("start", "stop", "status", "restart", "connect"),
         help="start: controller, engines and jax.distributed; stop: end them all; "
-        "status: one row per process; restart: fresh engines and jax.distributed, same options.",
+        "status: one row per process; restart: fresh engines and jax.distributed, same options; "
+        "connect: attach to a controller and engines started elsewhere.",
     )
-    @argument("--nodes", "-n", default="4", help="number of JAX processes (engines). Default 4.")
+    @argument(
+        "--nodes",
+        "-n",
+        default=None,
+        help="number of JAX processes (engines). Default 4, or --hosts × --engines-per-host.",
+    )
     @argument(
         "--devices-per-node",
         default=None,
@@ -88,6 +94,33 @@ class JaxClusterMagics(Magics):
         default="local",
         help=f"how engines are started: {', '.join(LAUNCHERS)}. Default local.",
     )
+    @argument("--hosts", default=None, help="ssh: comma-separated host names, e.g. h1,h2.")
+    @argument(
+        "--engines-per-host",
+        default=None,
+        help="ssh: JAX processes per host (e.g. one per GPU). Default: --nodes spread over --hosts.",
+    )
+    @argument(
+        "--launcher-args",
+        default=None,
+        help="extra options passed through to the launcher (ssh, mpiexec, sbatch), quoted: "
+        "--launcher-args \"-i ~/.ssh/key -o Port=2222\".",
+    )
+    @argument(
+        "--ip",
+        default=None,
+        help="address the controller listens on. Default: loopback for local engines, else the "
+        "interface that reaches the hosts.",
+    )
+    @argument(
+        "--coordinator",
+        default=None,
+        help="HOST:PORT of the jax.distributed coordinator. Default: process 0's address that "
+        "the other processes can reach, with a free port.",
+    )
+    @argument("--profile", default=None, help="connect: the ipyparallel profile to attach to.")
+    @argument("--cluster-id", default=None, help="connect: the ipyparallel cluster id to attach to.")
+    @argument("--url-file", default=None, help="connect: path of the controller's client JSON file.")
     @line_magic
     @_usage_errors
     def jax_cluster(self, line: str) -> None:
@@ -116,9 +149,17 @@ class JaxClusterMagics(Magics):
             launcher=args.launcher,
             timeout=args.timeout,
             coordinator_port=args.coordinator_port,
+            hosts=args.hosts,
+            engines_per_host=args.engines_per_host,
+            launcher_args=_unquote(args.launcher_args),
+            ip=args.ip,
+            coordinator=args.coordinator,
         )
         self._run_with_progress("starting", cluster.start)
         self.cluster = cluster
+
+    def _connect(self, args: Any) -> None:
+        raise UsageError("%jax_cluster connect: not built yet (issue 7).")
 
     def _restart(self, args: Any) -> None:
         cluster = self.require_cluster()
@@ -329,6 +370,13 @@ def _show_sharding(layout: dict) -> None:
         from .render.sharding import render_sharding_html, render_sharding_text
 
         show(render_sharding_text(layout), render_sharding_html(layout))
+
+
+def _unquote(value: str | None) -> str | None:
+    """IPython's argument splitting keeps the quotes around a quoted value: drop them."""
+    if value and len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
+        return value[1:-1]
+    return value
 
 
 def _seconds(value: str, option: str) -> float:
