@@ -11,7 +11,12 @@ import faulthandler
 import os
 import signal
 import socket
+import sys
 from typing import Any
+
+# Where MPI implementations and Slurm put a process's rank; MPI's first, because mpiexec run
+# inside a Slurm job leaves the job's own SLURM_PROCID in every rank's environment.
+RANK_VARIABLES = ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID")
 
 
 def main() -> None:
@@ -21,7 +26,12 @@ def main() -> None:
     start-up instead of delaying ``jax.distributed.initialize``. (Not in a thread: ipykernel
     iterates ``sys.modules`` while it starts, and a concurrent import breaks that.) A failed
     import is reported later, by ``initialize``, which imports jax again and gets the same error.
+
+    ipyparallel's MPI launcher adds ``--mpi``, which makes ipengine import mpi4py for its rank;
+    JAX needs no MPI and ``launch_rank`` reads the rank from the environment, so it is dropped.
     """
+    if "--mpi" in sys.argv:
+        sys.argv.remove("--mpi")
     _dump_stacks_on_sigusr1()
     try:
         import jax  # noqa: F401
@@ -43,8 +53,22 @@ def _dump_stacks_on_sigusr1() -> None:
 
 
 def identity() -> dict[str, Any]:
-    """Where this engine runs: host name, pid and an address other hosts can reach."""
-    return {"host": socket.gethostname(), "pid": os.getpid(), "address": reachable_address()}
+    """Where this engine runs: host name, pid, an address other hosts can reach, launch rank."""
+    return {
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "address": reachable_address(),
+        "rank": launch_rank(),
+    }
+
+
+def launch_rank() -> int | None:
+    """This process's rank as given by mpiexec or srun, if one of them started it."""
+    for name in RANK_VARIABLES:
+        value = os.environ.get(name, "")
+        if value.isdigit():
+            return int(value)
+    return None
 
 
 def reachable_address() -> str:
@@ -118,15 +142,20 @@ def device_records() -> list[dict]:
 
 
 def jax_state() -> dict | None:
-    """This process's JAX identity if ``jax.distributed`` is already initialized, else None."""
-    import sys
+    """This process's JAX identity if ``jax.distributed`` is already initialized, else None.
 
+    An initialized process is adopted as it is, so it gets the sharding display that
+    ``initialize`` would have installed.
+    """
     if "jax" not in sys.modules:
         return None
     import jax
 
     if not jax.distributed.is_initialized():
         return None
+    from .sharding import install as install_sharding_display
+
+    install_sharding_display()
     return describe_jax()
 
 

@@ -3,7 +3,8 @@
 ipyparallel starts each process in its own session so that signals are not forwarded, and its
 atexit hook cannot run when the notebook's kernel is killed with SIGKILL. This small process
 outlives its parent for exactly that case: it polls the parent and, when the parent has exited,
-kills every pid that ipyparallel's cluster file lists (controller and engines) and their children.
+kills every pid that ipyparallel's cluster file lists (controller and engines) and their children,
+and cancels its Slurm jobs.
 
 Run as ``python -m jaxcluster._watchdog PARENT_PID PARENT_CREATE_TIME CLUSTER_FILE``.
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 import time
 
@@ -52,6 +54,40 @@ def cluster_pids(cluster_file: str) -> list[int]:
     return pids
 
 
+def cluster_slurm_jobs(cluster_file: str) -> list[str]:
+    """The job ids of the engine sets that ipyparallel's Slurm launcher submitted."""
+    try:
+        with open(cluster_file) as f:
+            engines = json.load(f).get("engines") or {}
+    except (OSError, ValueError):
+        return []
+    if engines.get("class") != "slurm":
+        return []
+    return [s["job_id"] for s in (engines.get("sets") or {}).values() if s.get("job_id")]
+
+
+def cancel_slurm_jobs(job_ids: list[str]) -> None:
+    for job_id in job_ids:
+        kill_slurm_step(job_id)
+        _quietly(["scancel", job_id])
+
+
+def kill_slurm_step(job_id: str) -> None:
+    """SIGKILL the engines' step of a job (its first srun, step 0).
+
+    Signalled with KILL, or cancelled, the job itself only gets SIGTERM to its tasks, which
+    JAX's preemption notifier catches; Slurm sends SIGKILL after its KillWait (30 s by default).
+    """
+    _quietly(["scancel", "-s", "KILL", f"{job_id}.0"])
+
+
+def _quietly(command: list[str]) -> None:
+    try:
+        subprocess.run(command, capture_output=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        pass
+
+
 def kill_tree(pids: list[int]) -> None:
     procs = []
     for pid in pids:
@@ -73,6 +109,7 @@ def main(argv: list[str]) -> int:
     parent_pid, create_time, cluster_file = int(argv[0]), float(argv[1]), argv[2]
     while parent_alive(parent_pid, create_time):
         time.sleep(POLL_SECONDS)
+    cancel_slurm_jobs(cluster_slurm_jobs(cluster_file))
     kill_tree(cluster_pids(cluster_file))
     try:
         os.remove(cluster_file)

@@ -24,16 +24,27 @@ from typing import Any
 
 import ipyparallel as ipp
 import psutil
+from IPython.paths import get_ipython_dir
+from ipyparallel.cluster.launcher import MPILauncher, SlurmLauncher
 
 from . import _engine
+from ._watchdog import kill_slurm_step
 from .stacks import main_thread_stack
 from .errors import ConfigError, JaxClusterError, NoClusterError
-from .launchers import LaunchRequest, check_launcher, engine_environment, plan_launch
+from .launchers import (
+    LaunchRequest,
+    check_launcher,
+    engine_environment,
+    plan_launch,
+    split_launcher_args,
+)
 from .output import process_label
 
 PLATFORMS = ("cpu", "gpu", "cuda", "rocm", "tpu")
 DEFAULT_CPU_DEVICES = 2
 POLL_SECONDS = 0.05
+# the launcher of a cluster attached by ``connect``: its engines were started by someone else
+ATTACHED = "attached"
 
 # Clusters that are running, stopped at interpreter exit before ipyparallel's own atexit hook
 # (which would first wait for each engine to ignore a SIGTERM). Registered after ipyparallel's
@@ -152,7 +163,7 @@ class JaxCluster:
         # issue 7: validated and used by the ssh/mpi/slurm planners in launchers.py
         self.hosts = hosts
         self.engines_per_host = engines_per_host
-        self.launcher_args = launcher_args
+        self.launcher_args = split_launcher_args(launcher_args)
         self.ip = ip
         self.coordinator_override = coordinator
 
@@ -194,6 +205,48 @@ class JaxCluster:
     @property
     def ipp_cluster(self) -> ipp.Cluster | None:
         return self._ipp_cluster
+
+    @property
+    def attached(self) -> bool:
+        """True for a cluster from ``connect``: ``stop`` disconnects, the engines keep running."""
+        return self.launcher == ATTACHED
+
+    @classmethod
+    def connect(
+        cls,
+        profile: str | None = None,
+        cluster_id: str | None = None,
+        url_file: str | None = None,
+        nodes: int | None = None,
+        timeout: float = 120,
+        coordinator_port: int | None = None,
+        coordinator: str | None = None,
+        progress: Progress | None = None,
+    ) -> JaxCluster:
+        """Attach to a controller and engines started elsewhere (``ipcluster start``, a job).
+
+        The controller is found like ``ipyparallel.Client`` finds it: by ``url_file``, else by
+        profile (default ``default``) and ``cluster_id``. Takes the engines registered (at least
+        one; ``nodes``: wait for that many) and initializes ``jax.distributed`` on them, process
+        0 being the lowest MPI/Slurm rank or else the lowest engine id, unless every engine has
+        it initialized already. ``stop`` then only disconnects; ``restart`` is refused.
+        """
+        cluster = cls(timeout=timeout, coordinator_port=coordinator_port, coordinator=coordinator)
+        cluster.launcher = ATTACHED
+        cluster.cluster_id = cluster_id
+        if nodes is not None:
+            nodes = _positive_int(nodes, "--nodes", "--nodes 4")
+        began = time.perf_counter()
+        cluster._client = _attach_client(profile, cluster_id, url_file, cluster.timeout)
+        try:
+            engine_ids = cluster._registered_engines(nodes, progress)
+            cluster.nodes = len(engine_ids)
+            cluster._adopt_processes(engine_ids, progress)
+        except BaseException:
+            cluster.stop()
+            raise
+        cluster.startup_seconds = time.perf_counter() - began
+        return cluster
 
     def start(self, progress: Progress | None = None) -> JaxCluster:
         """Start controller and engines and initialize ``jax.distributed`` on every engine.
@@ -267,6 +320,12 @@ class JaxCluster:
         JAX cannot be initialized twice in one process, so engines are replaced; the controller
         stays when it is healthy.
         """
+        if self.attached:
+            raise ConfigError(
+                "This cluster's engines were started outside this notebook (connect), so they "
+                "cannot be restarted from here. Restart them where they were started (e.g. "
+                "ipcluster stop, then ipcluster start), then connect again."
+            )
         cluster = self._ipp_cluster
         if cluster is None:
             raise NoClusterError("No cluster to restart. Start one with %jax_cluster start --nodes N.")
@@ -454,11 +513,18 @@ class JaxCluster:
         known = set(client.ids)
         self._loop.run(cluster.start_engines(self.nodes))
         engine_ids = self._wait_for_engines(known, progress)
+        self._initialize_processes(engine_ids, progress)
+
+    def _initialize_processes(self, engine_ids: list[int], progress: Progress | None) -> None:
+        """``jax.distributed`` on these engines at once; process indices follow launch ranks."""
+        client = self._client
+        assert client is not None
         identities = self._gather(
             {eid: client[eid].apply_async(_engine.identity) for eid in engine_ids},
             engine_ids,
             "report where it runs",
         )
+        engine_ids = _launch_order(engine_ids, identities)
         coordinator = self._coordinator_address(engine_ids[0], identities[engine_ids[0]])
         pending = {
             eid: client[eid].apply_async(
@@ -512,6 +578,10 @@ class JaxCluster:
         ended = []
         for engine_set in list(cluster.engines.values()):
             stop_data = dict(getattr(engine_set, "stop_data", None) or {})
+            if "engines" not in stop_data and stop_data.get("pid"):
+                # one process for all its engines (mpiexec), and it has ended
+                ended.append(({**stop_data, "command": "mpiexec"}, engine_set.get_output()))
+                continue
             outputs = getattr(engine_set, "outputs", None) or {}
             for identifier, data in dict(stop_data.get("engines") or {}).items():
                 ended.append((data, outputs.get(identifier, "")))
@@ -523,7 +593,8 @@ class JaxCluster:
     def _exited_engine_output(self) -> list[str]:
         lines = []
         for data, output in self._exited_engines():
-            lines.append(f"--- engine pid {data.get('pid')} (exit code {data.get('exit_code')}) ---")
+            what = data.get("command", "engine")
+            lines.append(f"--- {what} pid {data.get('pid')} (exit code {data.get('exit_code')}) ---")
             lines.extend(output.strip().splitlines()[-15:])
         return lines
 
@@ -600,7 +671,9 @@ class JaxCluster:
         global_counts = {results[eid]["global_device_count"] for eid in engine_ids}
         local_total = sum(len(results[eid]["local_device_ids"]) for eid in engine_ids)
         expected = {local_total}
-        if self.platform in (None, "cpu") and results[engine_ids[0]]["platform"] == "cpu":
+        # attached engines chose their own device count
+        cpu = results[engine_ids[0]]["platform"] == "cpu" and not self.attached
+        if self.platform in (None, "cpu") and cpu:
             expected.add(len(engine_ids) * (self.devices_per_node or DEFAULT_CPU_DEVICES))
         if len(global_counts) != 1 or global_counts != expected:
             raise JaxClusterError(
@@ -620,6 +693,62 @@ class JaxCluster:
             for eid in engine_ids
         ]
         return sorted(processes, key=lambda p: p.process_index)
+
+    def _registered_engines(self, nodes: int | None, progress: Progress | None) -> list[int]:
+        """The attached controller's engines, once ``nodes`` (or at least one) have registered."""
+        client = self._client
+        assert client is not None
+        wanted = nodes or 1
+        deadline = time.monotonic() + self.timeout
+        while len(client.ids) < wanted:
+            if time.monotonic() > deadline:
+                raise JaxClusterError(
+                    f"Only {len(client.ids)} of {wanted} engines registered with the controller "
+                    f"within {self.timeout:g} s. Start them where the controller runs (e.g. "
+                    "ipcluster engines -n 4), or raise --timeout."
+                )
+            time.sleep(POLL_SECONDS)
+        engine_ids = sorted(client.ids)[:nodes]
+        if progress:
+            progress("engines registered", len(engine_ids), len(engine_ids))
+        return engine_ids
+
+    def _adopt_processes(self, engine_ids: list[int], progress: Progress | None) -> None:
+        """Take the JAX processes as they are if all are initialized, else initialize them."""
+        client = self._client
+        assert client is not None
+        states = self._gather(
+            {eid: client[eid].apply_async(_engine.jax_state) for eid in engine_ids},
+            engine_ids,
+            "report its JAX state",
+        )
+        initialized = [eid for eid in engine_ids if states[eid] is not None]
+        if not initialized:
+            self._initialize_processes(engine_ids, progress)
+            return
+        if len(initialized) < len(engine_ids):
+            raise JaxClusterError(
+                f"jax.distributed is initialized on engines {initialized} but not on "
+                f"{sorted(set(engine_ids) - set(initialized))}: they are not one JAX job. "
+                "Restart the engines where they were started, then connect again."
+            )
+        counts = {states[eid]["process_count"] for eid in engine_ids}
+        if counts != {len(engine_ids)}:
+            raise JaxClusterError(
+                f"The engines belong to a JAX job of {sorted(counts)} processes, but "
+                f"{len(engine_ids)} engines are registered. Connect when all of them are "
+                "(--nodes N waits for N)."
+            )
+        identities = self._gather(
+            {eid: client[eid].apply_async(_engine.identity) for eid in engine_ids},
+            engine_ids,
+            "report where it runs",
+        )
+        if progress:
+            progress("JAX initialized", len(engine_ids), len(engine_ids))
+        self.processes = self._verified_processes(engine_ids, identities, states)
+        self._view = client[self.engine_ids]
+        self._view.block = False
 
     def _pid_alive(self, proc: ProcessInfo) -> bool:
         if self.launcher != "local":
@@ -655,6 +784,46 @@ class JaxCluster:
             watchdog.wait()
 
 
+def _launch_order(engine_ids: list[int], identities: dict[int, dict]) -> list[int]:
+    """Engines by MPI/Slurm rank when every engine has a distinct one, else as given.
+
+    Local engines inherit the notebook's own rank variables (one value for all), hence the check.
+    """
+    ranks = [identities[eid].get("rank") for eid in engine_ids]
+    if None in ranks or len(set(ranks)) != len(ranks):
+        return engine_ids
+    return sorted(engine_ids, key=lambda eid: identities[eid]["rank"])
+
+
+def _attach_client(
+    profile: str | None, cluster_id: str | None, url_file: str | None, timeout: float
+) -> ipp.Client:
+    """A client of a controller started elsewhere, or a one-line error naming the fix."""
+    if url_file:
+        path = os.path.expanduser(url_file)
+        where = f"--url-file {url_file}"
+    else:
+        # where ipcluster and ipyparallel.Cluster write it
+        profile_dir = os.path.join(get_ipython_dir(), f"profile_{profile or 'default'}")
+        name = f"ipcontroller-{cluster_id}-client.json" if cluster_id else "ipcontroller-client.json"
+        path = os.path.join(profile_dir, "security", name)
+        where = f"profile {profile or 'default'}" + (f", cluster id {cluster_id}" if cluster_id else "")
+    if not os.path.isfile(path):
+        raise ConfigError(
+            f"No controller found ({where}): {path} does not exist. Start one (e.g. ipcluster "
+            "start -n 4) or name it with --profile, --cluster-id or --url-file."
+        )
+    try:
+        return ipp.Client(path, timeout=timeout)
+    except TimeoutError:
+        raise JaxClusterError(
+            f"The controller of {path} did not answer within {timeout:g} s: it is not running "
+            "(a stale file?) or not reachable from here. Start it again, or raise --timeout."
+        ) from None
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"Cannot connect with {path}: {e}") from None
+
+
 class _LoopThread:
     """One event loop, in a thread of its own, that drives ipyparallel's async Cluster.
 
@@ -679,6 +848,12 @@ class _LoopThread:
 def _kill_engines(cluster: ipp.Cluster) -> None:
     """SIGKILL every engine of ``cluster`` (see launchers.STOP_SECONDS_UNTIL_KILL for why)."""
     for engine_set in list(cluster.engines.values()):
+        if isinstance(engine_set, MPILauncher):
+            continue  # its ranks would outlive a SIGKILLed mpiexec; its own stop (SIGTERM) ends them
+        if isinstance(engine_set, SlurmLauncher):
+            if engine_set.job_id:
+                kill_slurm_step(engine_set.job_id)
+            continue
         try:
             engine_set.signal(signal.SIGKILL)
         except Exception:  # noqa: BLE001 - already gone is fine
