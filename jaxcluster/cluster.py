@@ -593,8 +593,8 @@ class JaxCluster:
     def _exited_engine_output(self) -> list[str]:
         lines = []
         for data, output in self._exited_engines():
-            what = data.get("command", "engine")
-            lines.append(f"--- {what} pid {data.get('pid')} (exit code {data.get('exit_code')}) ---")
+            what, code = data.get("command", "engine"), data.get("exit_code")
+            lines.append(f"--- {what} pid {data.get('pid')} (exit code {code}) ---")
             lines.extend(output.strip().splitlines()[-15:])
         return lines
 
@@ -804,10 +804,10 @@ def _attach_client(
         where = f"--url-file {url_file}"
     else:
         # where ipcluster and ipyparallel.Cluster write it
-        profile_dir = os.path.join(get_ipython_dir(), f"profile_{profile or 'default'}")
+        profile = profile or "default"
         name = f"ipcontroller-{cluster_id}-client.json" if cluster_id else "ipcontroller-client.json"
-        path = os.path.join(profile_dir, "security", name)
-        where = f"profile {profile or 'default'}" + (f", cluster id {cluster_id}" if cluster_id else "")
+        path = os.path.join(get_ipython_dir(), f"profile_{profile}", "security", name)
+        where = f"profile {profile}" + (f", cluster id {cluster_id}" if cluster_id else "")
     if not os.path.isfile(path):
         raise ConfigError(
             f"No controller found ({where}): {path} does not exist. Start one (e.g. ipcluster "
@@ -849,7 +849,7 @@ def _kill_engines(cluster: ipp.Cluster) -> None:
     """SIGKILL every engine of ``cluster`` (see launchers.STOP_SECONDS_UNTIL_KILL for why)."""
     for engine_set in list(cluster.engines.values()):
         if isinstance(engine_set, MPILauncher):
-            continue  # its ranks would outlive a SIGKILLed mpiexec; its own stop (SIGTERM) ends them
+            continue  # ranks outlive a SIGKILLed mpiexec; its own stop (SIGTERM) ends them
         if isinstance(engine_set, SlurmLauncher):
             if engine_set.job_id:
                 kill_slurm_step(engine_set.job_id)

@@ -63,7 +63,13 @@ class JaxClusterMagics(Magics):
         "status: one row per process; restart: fresh engines and jax.distributed, same options; "
         "connect: attach to a controller and engines started elsewhere.",
     )
-    @argument("--nodes", "-n", default="4", help="number of JAX processes (engines). Default 4.")
+    @argument(
+        "--nodes",
+        "-n",
+        default=None,
+        help="number of JAX processes (engines). Default 4; connect: wait for this many engines "
+        "(default: those registered).",
+    )
     @argument(
         "--devices-per-node",
         default=None,
@@ -126,6 +132,8 @@ class JaxClusterMagics(Magics):
             %jax_cluster status
             %jax_cluster restart
             %jax_cluster stop
+            %jax_cluster start --launcher mpi --launcher-args "--oversubscribe"
+            %jax_cluster connect --cluster-id 1700000000-abcd
         """
         args = parse_argstring(self.jax_cluster, line)
         getattr(self, f"_{args.action}")(args)
@@ -137,7 +145,7 @@ class JaxClusterMagics(Magics):
                 "(%jax_cluster restart)."
             )
         cluster = JaxCluster(
-            nodes=args.nodes,
+            nodes=args.nodes or 4,
             devices_per_node=args.devices_per_node,
             platform=args.platform,
             launcher=args.launcher,
@@ -153,7 +161,25 @@ class JaxClusterMagics(Magics):
         self.cluster = cluster
 
     def _connect(self, args: Any) -> None:
-        raise UsageError("%jax_cluster connect: not built yet (issue 7).")
+        if self.cluster is not None and self.cluster.running:
+            raise UsageError(
+                "A cluster is already running. Stop it first (%jax_cluster stop), then connect."
+            )
+
+        def connect(progress: Any) -> JaxCluster:
+            self.cluster = JaxCluster.connect(
+                profile=args.profile,
+                cluster_id=args.cluster_id,
+                url_file=args.url_file,
+                nodes=args.nodes,
+                timeout=args.timeout,
+                coordinator_port=args.coordinator_port,
+                coordinator=args.coordinator,
+                progress=progress,
+            )
+            return self.cluster
+
+        self._run_with_progress("connecting", connect)
 
     def _restart(self, args: Any) -> None:
         cluster = self.require_cluster()
@@ -165,7 +191,10 @@ class JaxClusterMagics(Magics):
             print("No cluster is running.")
             return
         cluster.stop()
-        print("Cluster stopped.")
+        if cluster.attached:
+            print("Disconnected. The engines keep running: this notebook did not start them.")
+        else:
+            print("Cluster stopped.")
 
     def _status(self, args: Any) -> None:
         statuses = self.require_cluster().status()
