@@ -562,9 +562,28 @@ class JaxCluster:
             if time.monotonic() > deadline:
                 raise JaxClusterError(
                     f"Only {len(new)} of {self.nodes} engines registered within {self.timeout:g} s. "
-                    "Raise --timeout if the hosts are slow to start."
+                    + self._slurm_jobs_note()
+                    + "Raise --timeout if the hosts are slow to start."
                 )
             time.sleep(POLL_SECONDS)
+
+    def _slurm_jobs_note(self) -> str:
+        """``Slurm job 12 is PENDING (Resources). `` for each engine job: a queue explains a lot."""
+        cluster = self._ipp_cluster
+        notes = ""
+        for engine_set in list(cluster.engines.values()) if cluster else []:
+            if not isinstance(engine_set, SlurmLauncher) or not engine_set.job_id:
+                continue
+            try:
+                state = subprocess.run(
+                    ["squeue", "--noheader", "--jobs", engine_set.job_id, "--format", "%T (%r)"],
+                    capture_output=True, text=True, timeout=30,
+                ).stdout.strip()
+            except (OSError, subprocess.SubprocessError):
+                continue
+            if state:
+                notes += f"Slurm job {engine_set.job_id} is {state}. "
+        return notes
 
     def _exited_engines(self) -> list[tuple[dict, str]]:
         """(stop data, output) of every engine whose process has ended.
