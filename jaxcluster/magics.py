@@ -132,7 +132,7 @@ class JaxClusterMagics(Magics):
             %jax_cluster status
             %jax_cluster restart
             %jax_cluster stop
-            %jax_cluster start --launcher mpi --launcher-args "--oversubscribe"
+            %jax_cluster start --nodes 4 --launcher mpi
             %jax_cluster connect --cluster-id 1700000000-abcd
         """
         args = parse_argstring(self.jax_cluster, line)

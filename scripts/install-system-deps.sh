@@ -4,8 +4,8 @@
 # caller when it cannot install (no root / no apt): the tests then skip.
 set -u
 
-# slurmctld + slurmd + munge: the Slurm test runs a one-node Slurm of its own (Debian's
-# policy-rc.d in containers keeps the packages' system services from starting).
+# slurmctld, slurmd, munge: the Slurm tests run a one-node Slurm of their own, with its own
+# configuration and munge key; they never use these packages' system services.
 PACKAGES=(chromium openmpi-bin libopenmpi-dev openssh-server openssh-client iproute2
     slurmctld slurmd slurm-client munge)
 
