@@ -93,6 +93,17 @@ def test_process_index_is_the_mpi_rank_and_psum_is_global(cluster):
 
 @needs_mpiexec
 @pytest.mark.cluster
+def test_restart_replaces_every_rank(cluster):
+    before = [p.pid for p in cluster.processes]
+    cluster.restart()
+    assert wait_until_gone(before, 15) == []
+    assert set(before).isdisjoint(p.pid for p in cluster.processes)
+    answers = cluster.view.apply_sync(index_rank_psum)
+    assert answers == [(rank, rank, expected_psum(4, 2)) for rank in range(4)]
+
+
+@needs_mpiexec
+@pytest.mark.cluster
 def test_stop_ends_mpiexec_and_every_rank(cluster):
     mpiexec = [engine_set.pid for engine_set in cluster.ipp_cluster.engines.values()]
     ranks = [p.pid for p in cluster.processes]

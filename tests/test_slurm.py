@@ -223,6 +223,16 @@ def test_launcher_args_reach_sbatch(cluster):
 
 
 @pytest.mark.cluster
+def test_restart_is_a_new_job(cluster):
+    job_id, before = _job_id(cluster), [p.pid for p in cluster.processes]
+    cluster.restart()
+    assert wait_until_gone(before, 10) == []
+    assert _job_id(cluster) != job_id
+    answers = cluster.view.apply_sync(index_rank_psum)
+    assert answers == [(rank, rank, expected_psum(4, 2)) for rank in range(4)]
+
+
+@pytest.mark.cluster
 def test_stop_cancels_the_job_and_ends_every_engine(cluster):
     job_id = _job_id(cluster)
     pids = [p.pid for p in cluster.processes]
