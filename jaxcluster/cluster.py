@@ -519,11 +519,7 @@ class JaxCluster:
         """``jax.distributed`` on these engines at once; process indices follow launch ranks."""
         client = self._client
         assert client is not None
-        identities = self._gather(
-            {eid: client[eid].apply_async(_engine.identity) for eid in engine_ids},
-            engine_ids,
-            "report where it runs",
-        )
+        identities = self._identities(engine_ids)
         engine_ids = _launch_order(engine_ids, identities)
         coordinator = self._coordinator_address(engine_ids[0], identities[engine_ids[0]])
         pending = {
@@ -539,6 +535,15 @@ class JaxCluster:
         self.coordinator = coordinator
         self._view = client[self.engine_ids]
         self._view.block = False
+
+    def _identities(self, engine_ids: list[int]) -> dict[int, dict]:
+        client = self._client
+        assert client is not None
+        return self._gather(
+            {eid: client[eid].apply_async(_engine.identity) for eid in engine_ids},
+            engine_ids,
+            "report where it runs",
+        )
 
     def _wait_for_engines(self, known: set[int], progress: Progress | None) -> list[int]:
         """Engine ids of the new engines, in registration order; fail fast on dead ones."""
@@ -758,11 +763,7 @@ class JaxCluster:
                 f"{len(engine_ids)} engines are registered. Connect when all of them are "
                 "(--nodes N waits for N)."
             )
-        identities = self._gather(
-            {eid: client[eid].apply_async(_engine.identity) for eid in engine_ids},
-            engine_ids,
-            "report where it runs",
-        )
+        identities = self._identities(engine_ids)
         if progress:
             progress("JAX initialized", len(engine_ids), len(engine_ids))
         self.processes = self._verified_processes(engine_ids, identities, states)

@@ -130,19 +130,10 @@ def _plan_mpi(request: LaunchRequest) -> LaunchPlan:
     config = Config()
     engine_set = config.MPIEngineSetLauncher
     engine_set.mpi_cmd = [mpiexec]
-    engine_set.mpi_args = _mpi_environment_args(mpiexec, request.environment) + list(
-        request.launcher_args
-    )
-    engine_set.engine_cmd = ENGINE_CMD
-    engine_set.environment = dict(request.environment)
+    forwarded = _mpi_environment_args(mpiexec, request.environment)
+    engine_set.mpi_args = [*forwarded, *request.launcher_args]
     engine_set.stop_seconds_until_kill = MPIEXEC_SECONDS_UNTIL_KILL
-    config.LocalControllerLauncher.stop_seconds_until_kill = STOP_SECONDS_UNTIL_KILL
-    return LaunchPlan(
-        engine_launcher="mpi",
-        controller_ip=_controller_ip(request),
-        controller_args=_controller_args(),
-        config=config,
-    )
+    return _plan_engines_elsewhere("mpi", engine_set, config, request)
 
 
 def _plan_slurm(request: LaunchRequest) -> LaunchPlan:
@@ -156,15 +147,7 @@ def _plan_slurm(request: LaunchRequest) -> LaunchPlan:
     config = Config()
     engine_set = config.SlurmEngineSetLauncher
     engine_set.submit_command = [sbatch, *request.launcher_args]
-    engine_set.engine_cmd = ENGINE_CMD
-    engine_set.environment = dict(request.environment)
-    config.LocalControllerLauncher.stop_seconds_until_kill = STOP_SECONDS_UNTIL_KILL
-    return LaunchPlan(
-        engine_launcher="slurm",
-        controller_ip=_controller_ip(request),
-        controller_args=_controller_args(),
-        config=config,
-    )
+    return _plan_engines_elsewhere("slurm", engine_set, config, request)
 
 
 def _require_command(command: str, launcher: str, fix: str) -> str:
@@ -177,9 +160,19 @@ def _require_command(command: str, launcher: str, fix: str) -> str:
     return path
 
 
-def _controller_ip(request: LaunchRequest) -> str:
-    """Engines of mpi and slurm may run on other hosts, so loopback will not do."""
-    return request.ip or reachable_address()
+def _plan_engines_elsewhere(
+    launcher: str, engine_set: Config, config: Config, request: LaunchRequest
+) -> LaunchPlan:
+    """The rest of a plan whose engines may run on other hosts, so loopback will not do."""
+    engine_set.engine_cmd = ENGINE_CMD
+    engine_set.environment = dict(request.environment)
+    config.LocalControllerLauncher.stop_seconds_until_kill = STOP_SECONDS_UNTIL_KILL
+    return LaunchPlan(
+        engine_launcher=launcher,
+        controller_ip=request.ip or reachable_address(),
+        controller_args=_controller_args(),
+        config=config,
+    )
 
 
 def _mpi_environment_args(mpiexec: str, environment: dict[str, str]) -> list[str]:

@@ -35,15 +35,11 @@ def mpi_cluster(**kwargs) -> JaxCluster:
 
 @pytest.fixture(scope="module")
 def cluster():
-    c = mpi_cluster()
-    c.start()
+    c = mpi_cluster().start()
     try:
         yield c
     finally:
-        cluster_id = c.cluster_id
         c.stop()
-        for proc in cluster_processes(cluster_id):
-            proc.kill()
 
 
 def test_launcher_args_are_split_like_a_shell_and_appended_to_mpiexec():
