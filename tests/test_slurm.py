@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from ipyparallel.cluster.launcher import SlurmEngineSetLauncher
 
-from jaxcluster import JaxCluster, JaxClusterError
+from jaxcluster import ConfigError, JaxCluster, JaxClusterError
 from jaxcluster.launchers import LaunchRequest, plan_launch
 from tests.conftest import cluster_processes, wait_until_gone
 from tests.multihost import expected_psum, index_rank_psum
@@ -67,8 +67,6 @@ def test_batch_script_and_sbatch_command(fake_sbatch, tmp_path):
 
 
 def test_missing_sbatch_is_a_clear_error(monkeypatch):
-    from jaxcluster import ConfigError
-
     monkeypatch.setenv("PATH", "/nonexistent")
     with pytest.raises(ConfigError, match="--launcher slurm needs sbatch on the PATH"):
         plan_launch(LaunchRequest(launcher="slurm", nodes=4, environment={}))
