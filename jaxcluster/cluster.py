@@ -269,6 +269,7 @@ class JaxCluster:
                 engines_per_host=self.engines_per_host,
                 launcher_args=list(self.launcher_args or []),
                 ip=self.ip,
+                scratch_dir=self._stack_dir,
             )
         )
         cluster = ipp.Cluster(

@@ -5,6 +5,7 @@ We never start processes ourselves: ipyparallel's launchers do, configured here.
 
 from __future__ import annotations
 
+import os
 import shlex
 import shutil
 import subprocess
@@ -85,6 +86,8 @@ class LaunchRequest:
     engines_per_host: int | None = None
     launcher_args: list[str] = field(default_factory=list)
     ip: str | None = None
+    # a directory of this start's own (removed by stop) for files the launchers write
+    scratch_dir: str | None = None
 
 
 def plan_launch(request: LaunchRequest) -> LaunchPlan:
@@ -147,6 +150,9 @@ def _plan_slurm(request: LaunchRequest) -> LaunchPlan:
     config = Config()
     engine_set = config.SlurmEngineSetLauncher
     engine_set.submit_command = [sbatch, *request.launcher_args]
+    if request.scratch_dir:
+        # not ipyparallel's default: slurm_engine.sbatch in the notebook's directory
+        engine_set.batch_file_name = os.path.join(request.scratch_dir, "engines.sbatch")
     return _plan_engines_elsewhere("slurm", engine_set, config, request)
 
 

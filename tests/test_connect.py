@@ -46,7 +46,8 @@ def external(ipython_dir):
         env=env, check=True, timeout=120, capture_output=True,
     )
     try:
-        url_file = ipython_dir / "profile_default" / "security" / f"ipcontroller-{cluster_id}-client.json"
+        security = ipython_dir / "profile_default" / "security"
+        url_file = security / f"ipcontroller-{cluster_id}-client.json"
         deadline = time.monotonic() + 120
         while not url_file.exists() and time.monotonic() < deadline:
             time.sleep(0.2)

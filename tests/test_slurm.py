@@ -49,17 +49,19 @@ def test_batch_script_and_sbatch_command(fake_sbatch, tmp_path):
     plan = plan_launch(
         LaunchRequest(
             launcher="slurm", nodes=4, environment={"JAX_PLATFORMS": "cpu"},
-            launcher_args=cluster.launcher_args, ip="10.1.2.3",
+            launcher_args=cluster.launcher_args, ip="10.1.2.3", scratch_dir=str(tmp_path),
         )
     )
     assert plan.engine_launcher == "slurm"
     assert plan.controller_ip == "10.1.2.3"
     launcher = SlurmEngineSetLauncher(
-        config=plan.config, profile_dir=str(tmp_path), cluster_id="abc", work_dir=str(tmp_path)
+        config=plan.config, profile_dir=str(tmp_path), cluster_id="abc"
     )
     launcher.write_batch_script(4)
+    assert launcher.batch_file == str(tmp_path / "engines.sbatch")  # not in the current directory
     script = Path(launcher.batch_file).read_text()
-    assert launcher.args == [fake_sbatch, "--partition", "debug", "--time", "10", launcher.batch_file]
+    options = ["--partition", "debug", "--time", "10"]
+    assert launcher.args == [fake_sbatch, *options, launcher.batch_file]
     assert "#SBATCH --ntasks=4\n" in script
     assert "#SBATCH --export=ALL\n" in script  # the engines' JAX_* variables reach srun's tasks
     assert script.rstrip().endswith(f"srun {sys.executable} -m jaxcluster._engine")
@@ -265,7 +267,8 @@ cluster = JaxCluster(
     nodes=2, platform="cpu", launcher="slurm", launcher_args="--overcommit", timeout=120
 ).start()
 (engine_set,) = cluster.ipp_cluster.engines.values()
-print(json.dumps({"job": engine_set.job_id, "pids": [p.pid for p in cluster.processes]}), flush=True)
+pids = [p.pid for p in cluster.processes]
+print(json.dumps({"job": engine_set.job_id, "pids": pids}), flush=True)
 sys.stdin.readline()
 """
 
