@@ -17,6 +17,9 @@ from typing import Any
 
 # launchers.HOST_ARG; not imported from there, which would import traitlets before jax
 HOST_ARG = "--jaxcluster-host="
+# Where MPI implementations and Slurm put a process's rank; MPI's first, because mpiexec run
+# inside a Slurm job leaves the job's own SLURM_PROCID in every rank's environment.
+RANK_VARIABLES = ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID")
 
 
 def main() -> None:
@@ -26,8 +29,13 @@ def main() -> None:
     start-up instead of delaying ``jax.distributed.initialize``. (Not in a thread: ipykernel
     iterates ``sys.modules`` while it starts, and a concurrent import breaks that.) A failed
     import is reported later, by ``initialize``, which imports jax again and gets the same error.
+
+    ipyparallel's MPI launcher adds ``--mpi``, which makes ipengine import mpi4py for its rank;
+    JAX needs no MPI and ``launch_rank`` reads the rank from the environment, so it is dropped.
     """
     _take_host_name()
+    if "--mpi" in sys.argv:
+        sys.argv.remove("--mpi")
     _dump_stacks_on_sigusr1()
     try:
         import jax  # noqa: F401
@@ -58,12 +66,22 @@ def _dump_stacks_on_sigusr1() -> None:
 
 def identity(toward: str | None = None) -> dict[str, Any]:
     """Where this engine runs: its host (as named in --hosts where it was started by name),
-    pid, and the address other hosts reach it at (see ``reachable_address``)."""
+    pid, the address other hosts reach it at (see ``reachable_address``) and its launch rank."""
     return {
         "host": os.environ.get("JAXCLUSTER_HOST") or socket.gethostname(),
         "pid": os.getpid(),
         "address": reachable_address(toward),
+        "rank": launch_rank(),
     }
+
+
+def launch_rank() -> int | None:
+    """This process's rank as given by mpiexec or srun, if one of them started it."""
+    for name in RANK_VARIABLES:
+        value = os.environ.get(name, "")
+        if value.isdigit():
+            return int(value)
+    return None
 
 
 def reachable_address(toward: str | None = None) -> str:
@@ -184,15 +202,20 @@ def device_records() -> list[dict]:
 
 
 def jax_state() -> dict | None:
-    """This process's JAX identity if ``jax.distributed`` is already initialized, else None."""
-    import sys
+    """This process's JAX identity if ``jax.distributed`` is already initialized, else None.
 
+    An initialized process is adopted as it is, so it gets the sharding display that
+    ``initialize`` would have installed.
+    """
     if "jax" not in sys.modules:
         return None
     import jax
 
     if not jax.distributed.is_initialized():
         return None
+    from .sharding import install as install_sharding_display
+
+    install_sharding_display()
     return describe_jax()
 
 

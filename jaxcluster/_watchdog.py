@@ -4,7 +4,8 @@ ipyparallel starts each process in its own session so that signals are not forwa
 atexit hook cannot run when the notebook's kernel is killed with SIGKILL. This small process
 outlives its parent for exactly that case: it polls the parent and, when the parent has exited,
 kills every pid that ipyparallel's cluster file lists (controller and engines) and their children;
-engines started over ssh are killed over ssh, since their pids belong to other hosts.
+engines started over ssh are killed over ssh, since their pids belong to other hosts, and
+Slurm jobs are cancelled.
 
 Run as ``python -m jaxcluster._watchdog PARENT_PID PARENT_CREATE_TIME CLUSTER_FILE``.
 """
@@ -106,6 +107,36 @@ def run_all(commands: list[list[str]], timeout: float) -> None:
             proc.wait()
 
 
+def cluster_slurm_jobs(info: dict) -> list[str]:
+    """The job ids of the engine sets that ipyparallel's Slurm launcher submitted."""
+    engines = info.get("engines") or {}
+    if engines.get("class") != "slurm":
+        return []
+    return [s["job_id"] for s in (engines.get("sets") or {}).values() if s.get("job_id")]
+
+
+def cancel_slurm_jobs(job_ids: list[str]) -> None:
+    for job_id in job_ids:
+        kill_slurm_step(job_id)
+        _quietly(["scancel", job_id])
+
+
+def kill_slurm_step(job_id: str) -> None:
+    """SIGKILL the engines' step of a job (its first srun, step 0).
+
+    Signalled with KILL, or cancelled, the job itself only gets SIGTERM to its tasks, which
+    JAX's preemption notifier catches; Slurm sends SIGKILL after its KillWait (30 s by default).
+    """
+    _quietly(["scancel", "-s", "KILL", f"{job_id}.0"])
+
+
+def _quietly(command: list[str]) -> None:
+    try:
+        subprocess.run(command, capture_output=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        pass
+
+
 def kill_tree(pids: list[int]) -> None:
     procs = []
     for pid in pids:
@@ -128,6 +159,7 @@ def main(argv: list[str]) -> int:
     while parent_alive(parent_pid, create_time):
         time.sleep(POLL_SECONDS)
     info = read_cluster_file(cluster_file)
+    cancel_slurm_jobs(cluster_slurm_jobs(info))
     kill_tree(cluster_pids(info))
     run_all(ssh_kill_commands(ssh_engines(info)), timeout=30)
     try:

@@ -24,10 +24,11 @@ from typing import Any
 
 import ipyparallel as ipp
 import psutil
-from ipyparallel.cluster.launcher import SSHEngineSetLauncher
+from IPython.paths import get_ipython_dir
+from ipyparallel.cluster.launcher import MPILauncher, SlurmLauncher, SSHEngineSetLauncher
 
 from . import _engine
-from ._watchdog import run_all, ssh_kill_commands
+from ._watchdog import kill_slurm_step, run_all, ssh_kill_commands
 from .stacks import main_thread_stack
 from .errors import ConfigError, JaxClusterError, NoClusterError
 from .launchers import (
@@ -39,8 +40,8 @@ from .launchers import (
     engines_by_host,
     parse_hosts,
     plan_launch,
-    split_args,
     split_host_port,
+    split_launcher_args,
 )
 from .output import process_label
 
@@ -49,6 +50,8 @@ DEFAULT_NODES = 4
 DEFAULT_CPU_DEVICES = 2
 POLL_SECONDS = 0.05
 SSH_KILL_SECONDS = 15
+# the launcher of a cluster attached by ``connect``: its engines were started by someone else
+ATTACHED = "attached"
 
 # Clusters that are running, stopped at interpreter exit before ipyparallel's own atexit hook
 # (which would first wait for each engine to ignore a SIGTERM). Registered after ipyparallel's
@@ -182,7 +185,7 @@ class JaxCluster:
         self.profile_dir = profile_dir
         self.hosts = hosts
         self.engines_per_host = engines_per_host
-        self.launcher_args = split_args(launcher_args)
+        self.launcher_args = split_launcher_args(launcher_args)
         self.ip = ip
         self.coordinator_override = coordinator
 
@@ -226,6 +229,48 @@ class JaxCluster:
     def ipp_cluster(self) -> ipp.Cluster | None:
         return self._ipp_cluster
 
+    @property
+    def attached(self) -> bool:
+        """True for a cluster from ``connect``: ``stop`` disconnects, the engines keep running."""
+        return self.launcher == ATTACHED
+
+    @classmethod
+    def connect(
+        cls,
+        profile: str | None = None,
+        cluster_id: str | None = None,
+        url_file: str | None = None,
+        nodes: int | None = None,
+        timeout: float = 120,
+        coordinator_port: int | None = None,
+        coordinator: str | None = None,
+        progress: Progress | None = None,
+    ) -> JaxCluster:
+        """Attach to a controller and engines started elsewhere (``ipcluster start``, a job).
+
+        The controller is found like ``ipyparallel.Client`` finds it: by ``url_file``, else by
+        profile (default ``default``) and ``cluster_id``. Takes the engines registered (at least
+        one; ``nodes``: wait for that many) and initializes ``jax.distributed`` on them, process
+        0 being the lowest MPI/Slurm rank or else the lowest engine id, unless every engine has
+        it initialized already. ``stop`` then only disconnects; ``restart`` is refused.
+        """
+        cluster = cls(timeout=timeout, coordinator_port=coordinator_port, coordinator=coordinator)
+        cluster.launcher = ATTACHED
+        cluster.cluster_id = cluster_id
+        if nodes is not None:
+            nodes = _positive_int(nodes, "--nodes", "--nodes 4")
+        began = time.perf_counter()
+        cluster._client = _attach_client(profile, cluster_id, url_file, cluster.timeout)
+        try:
+            engine_ids = cluster._registered_engines(nodes, progress)
+            cluster.nodes = len(engine_ids)
+            cluster._adopt_processes(engine_ids, progress)
+        except BaseException:
+            cluster.stop()
+            raise
+        cluster.startup_seconds = time.perf_counter() - began
+        return cluster
+
     def start(self, progress: Progress | None = None) -> JaxCluster:
         """Start controller and engines and initialize ``jax.distributed`` on every engine.
 
@@ -249,6 +294,7 @@ class JaxCluster:
                     launcher_args=self.launcher_args,
                     ip=self.ip,
                     timeout=self.timeout,
+                    scratch_dir=self._stack_dir,
                 )
             )
             if plan.preflight:
@@ -308,6 +354,12 @@ class JaxCluster:
         JAX cannot be initialized twice in one process, so engines are replaced; the controller
         stays when it is healthy.
         """
+        if self.attached:
+            raise ConfigError(
+                "This cluster's engines were started outside this notebook (connect), so they "
+                "cannot be restarted from here. Restart them where they were started (e.g. "
+                "ipcluster stop, then ipcluster start), then connect again."
+            )
         cluster = self._ipp_cluster
         if cluster is None:
             raise NoClusterError("No cluster to restart. Start one with %jax_cluster start --nodes N.")
@@ -501,11 +553,14 @@ class JaxCluster:
             where = f" on {', '.join(hosts)}" if hosts else ""
             raise JaxClusterError(f"Could not start the engines{where}: {e}") from None
         engine_ids = self._wait_for_engines(known, progress)
-        identities = self._gather(
-            {eid: client[eid].apply_async(_engine.identity, self._controller_ip) for eid in engine_ids},
-            engine_ids,
-            "report where it runs",
-        )
+        self._initialize_processes(engine_ids, progress)
+
+    def _initialize_processes(self, engine_ids: list[int], progress: Progress | None) -> None:
+        """``jax.distributed`` on these engines at once; process indices follow launch ranks."""
+        client = self._client
+        assert client is not None
+        identities = self._identities(engine_ids)
+        engine_ids = _launch_order(engine_ids, identities)
         if self.hosts:
             # each host's processes get consecutive indices, hosts in --hosts order
             engine_ids.sort(key=lambda eid: self.hosts.index(identities[eid]["host"]))
@@ -530,6 +585,15 @@ class JaxCluster:
         self.coordinator = coordinator
         self._view = client[self.engine_ids]
         self._view.block = False
+
+    def _identities(self, engine_ids: list[int]) -> dict[int, dict]:
+        client = self._client
+        assert client is not None
+        return self._gather(
+            {eid: client[eid].apply_async(_engine.identity, self._controller_ip) for eid in engine_ids},
+            engine_ids,
+            "report where it runs",
+        )
 
     def _wait_for_engines(self, known: set[int], progress: Progress | None) -> list[int]:
         """Engine ids of the new engines, in registration order; fail fast on dead ones."""
@@ -556,10 +620,29 @@ class JaxCluster:
                 short = self._hosts_short_of_engines(new)
                 raise JaxClusterError(
                     f"Only {len(new)} of {self.nodes} engines registered within {self.timeout:g} s"
-                    f"{' (missing on ' + ', '.join(short) + ')' if short else ''}. Raise --timeout "
-                    f"if the hosts are slow to start.{self._reach_hint()}"
+                    f"{' (missing on ' + ', '.join(short) + ')' if short else ''}. "
+                    + self._slurm_jobs_note()
+                    + f"Raise --timeout if the hosts are slow to start.{self._reach_hint()}"
                 )
             time.sleep(POLL_SECONDS)
+
+    def _slurm_jobs_note(self) -> str:
+        """``Slurm job 12 is PENDING (Resources). `` for each engine job: a queue explains a lot."""
+        cluster = self._ipp_cluster
+        notes = ""
+        for engine_set in list(cluster.engines.values()) if cluster else []:
+            if not isinstance(engine_set, SlurmLauncher) or not engine_set.job_id:
+                continue
+            try:
+                state = subprocess.run(
+                    ["squeue", "--noheader", "--jobs", engine_set.job_id, "--format", "%T (%r)"],
+                    capture_output=True, text=True, timeout=30,
+                ).stdout.strip()
+            except (OSError, subprocess.SubprocessError):
+                continue
+            if state:
+                notes += f"Slurm job {engine_set.job_id} is {state}. "
+        return notes
 
     def _exited_engines(self) -> list[tuple[dict, str]]:
         """(stop data, output) of every engine whose process has ended.
@@ -573,6 +656,10 @@ class JaxCluster:
         ended = []
         for engine_set in list(cluster.engines.values()):
             stop_data = dict(getattr(engine_set, "stop_data", None) or {})
+            if "engines" not in stop_data and stop_data.get("pid"):
+                # one process for all its engines (mpiexec), and it has ended
+                ended.append(({**stop_data, "command": "mpiexec"}, engine_set.get_output()))
+                continue
             outputs = getattr(engine_set, "outputs", None) or {}
             for identifier, data in dict(stop_data.get("engines") or {}).items():
                 ended.append((data, outputs.get(identifier, "")))
@@ -589,9 +676,10 @@ class JaxCluster:
         lines = []
         for data, output in self._exited_engines():
             host, code = _launch_host(data), self._exit_code(data)
+            what = data.get("command", "engine")
             where = f" on {host}" if host else ""
             ended = f" (exit code {code})" if code is not None else ""
-            lines.append(f"--- engine{where}, pid {data.get('pid')}{ended} ---")
+            lines.append(f"--- {what}{where}, pid {data.get('pid')}{ended} ---")
             lines.extend(output.strip().splitlines()[-15:])
         return lines
 
@@ -712,7 +800,9 @@ class JaxCluster:
         global_counts = {results[eid]["global_device_count"] for eid in engine_ids}
         local_total = sum(len(results[eid]["local_device_ids"]) for eid in engine_ids)
         expected = {local_total}
-        if self.platform in (None, "cpu") and results[engine_ids[0]]["platform"] == "cpu":
+        # attached engines chose their own device count
+        cpu = results[engine_ids[0]]["platform"] == "cpu" and not self.attached
+        if self.platform in (None, "cpu") and cpu:
             expected.add(len(engine_ids) * (self.devices_per_node or DEFAULT_CPU_DEVICES))
         if len(global_counts) != 1 or global_counts != expected:
             raise JaxClusterError(
@@ -732,6 +822,58 @@ class JaxCluster:
             for eid in engine_ids
         ]
         return sorted(processes, key=lambda p: p.process_index)
+
+    def _registered_engines(self, nodes: int | None, progress: Progress | None) -> list[int]:
+        """The attached controller's engines, once ``nodes`` (or at least one) have registered."""
+        client = self._client
+        assert client is not None
+        wanted = nodes or 1
+        deadline = time.monotonic() + self.timeout
+        while len(client.ids) < wanted:
+            if time.monotonic() > deadline:
+                raise JaxClusterError(
+                    f"Only {len(client.ids)} of {wanted} engines registered with the controller "
+                    f"within {self.timeout:g} s. Start them where the controller runs (e.g. "
+                    "ipcluster engines -n 4), or raise --timeout."
+                )
+            time.sleep(POLL_SECONDS)
+        engine_ids = sorted(client.ids)[:nodes]
+        if progress:
+            progress("engines registered", len(engine_ids), len(engine_ids))
+        return engine_ids
+
+    def _adopt_processes(self, engine_ids: list[int], progress: Progress | None) -> None:
+        """Take the JAX processes as they are if all are initialized, else initialize them."""
+        client = self._client
+        assert client is not None
+        states = self._gather(
+            {eid: client[eid].apply_async(_engine.jax_state) for eid in engine_ids},
+            engine_ids,
+            "report its JAX state",
+        )
+        initialized = [eid for eid in engine_ids if states[eid] is not None]
+        if not initialized:
+            self._initialize_processes(engine_ids, progress)
+            return
+        if len(initialized) < len(engine_ids):
+            raise JaxClusterError(
+                f"jax.distributed is initialized on engines {initialized} but not on "
+                f"{sorted(set(engine_ids) - set(initialized))}: they are not one JAX job. "
+                "Restart the engines where they were started, then connect again."
+            )
+        counts = {states[eid]["process_count"] for eid in engine_ids}
+        if counts != {len(engine_ids)}:
+            raise JaxClusterError(
+                f"The engines belong to a JAX job of {sorted(counts)} processes, but "
+                f"{len(engine_ids)} engines are registered. Connect when all of them are "
+                "(--nodes N waits for N)."
+            )
+        identities = self._identities(engine_ids)
+        if progress:
+            progress("JAX initialized", len(engine_ids), len(engine_ids))
+        self.processes = self._verified_processes(engine_ids, identities, states)
+        self._view = client[self.engine_ids]
+        self._view.block = False
 
     def _pid_alive(self, proc: ProcessInfo) -> bool:
         if self.launcher == "ssh":
@@ -770,6 +912,46 @@ class JaxCluster:
             watchdog.wait()
 
 
+def _launch_order(engine_ids: list[int], identities: dict[int, dict]) -> list[int]:
+    """Engines by MPI/Slurm rank when every engine has a distinct one, else as given.
+
+    Local engines inherit the notebook's own rank variables (one value for all), hence the check.
+    """
+    ranks = [identities[eid].get("rank") for eid in engine_ids]
+    if None in ranks or len(set(ranks)) != len(ranks):
+        return engine_ids
+    return sorted(engine_ids, key=lambda eid: identities[eid]["rank"])
+
+
+def _attach_client(
+    profile: str | None, cluster_id: str | None, url_file: str | None, timeout: float
+) -> ipp.Client:
+    """A client of a controller started elsewhere, or a one-line error naming the fix."""
+    if url_file:
+        path = os.path.expanduser(url_file)
+        where = f"--url-file {url_file}"
+    else:
+        # where ipcluster and ipyparallel.Cluster write it
+        profile = profile or "default"
+        name = f"ipcontroller-{cluster_id}-client.json" if cluster_id else "ipcontroller-client.json"
+        path = os.path.join(get_ipython_dir(), f"profile_{profile}", "security", name)
+        where = f"profile {profile}" + (f", cluster id {cluster_id}" if cluster_id else "")
+    if not os.path.isfile(path):
+        raise ConfigError(
+            f"No controller found ({where}): {path} does not exist. Start one (e.g. ipcluster "
+            "start -n 4) or name it with --profile, --cluster-id or --url-file."
+        )
+    try:
+        return ipp.Client(path, timeout=timeout)
+    except TimeoutError:
+        raise JaxClusterError(
+            f"The controller of {path} did not answer within {timeout:g} s: it is not running "
+            "(a stale file?) or not reachable from here. Start it again, or raise --timeout."
+        ) from None
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"Cannot connect with {path}: {e}") from None
+
+
 class _LoopThread:
     """One event loop, in a thread of its own, that drives ipyparallel's async Cluster.
 
@@ -799,6 +981,12 @@ def _kill_engines(cluster: ipp.Cluster) -> None:
     """
     remote = []
     for engine_set in list(cluster.engines.values()):
+        if isinstance(engine_set, MPILauncher):
+            continue  # ranks outlive a SIGKILLed mpiexec; its own stop (SIGTERM) ends them
+        if isinstance(engine_set, SlurmLauncher):
+            if engine_set.job_id:
+                kill_slurm_step(engine_set.job_id)
+            continue
         if not isinstance(engine_set, SSHEngineSetLauncher):
             try:
                 engine_set.signal(signal.SIGKILL)

@@ -6,7 +6,9 @@ We never start processes ourselves: ipyparallel's launchers do, configured here.
 from __future__ import annotations
 
 import ipaddress
+import os
 import shlex
+import shutil
 import socket
 import subprocess
 import sys
@@ -16,6 +18,7 @@ from dataclasses import dataclass, field
 
 from traitlets.config import Config
 
+from ._engine import reachable_address
 from .errors import ConfigError, JaxClusterError
 
 LAUNCHERS = ("local", "ssh", "mpi", "slurm")
@@ -27,6 +30,12 @@ HEARTBEAT_MS = 300
 # Engines get no chance to exit cleanly: JAX's atexit shutdown waits at a barrier for every
 # other process, so a polite SIGTERM would only add this many seconds before SIGKILL.
 STOP_SECONDS_UNTIL_KILL = 1
+
+# mpiexec must never be SIGKILLed: its ranks would outlive it. On SIGTERM Open MPI ends them
+# (SIGKILL after its own short grace) within about 2 s; this bound is for a stuck mpiexec only.
+MPIEXEC_SECONDS_UNTIL_KILL = 15
+
+ENGINE_CMD = [sys.executable, "-m", "jaxcluster._engine"]
 
 
 @dataclass
@@ -49,6 +58,21 @@ def engine_environment(platform: str | None, devices_per_node: int | None) -> di
     return env
 
 
+def split_launcher_args(value: list[str] | str | None) -> list[str]:
+    """``--launcher-args`` as a list: a string is split like a shell would."""
+    if value is None:
+        return []
+    if isinstance(value, str):
+        try:
+            return shlex.split(value)
+        except ValueError as e:
+            raise ConfigError(
+                f"--launcher-args {value!r} cannot be split into options ({e}). Quote it like a "
+                'shell command line, e.g. --launcher-args "--partition debug --time 10".'
+            ) from None
+    return [str(arg) for arg in value]
+
+
 def check_launcher(launcher: str) -> None:
     if launcher not in LAUNCHERS:
         raise ConfigError(
@@ -69,6 +93,8 @@ class LaunchRequest:
     launcher_args: list[str] = field(default_factory=list)
     ip: str | None = None
     timeout: float = 120
+    # a directory of this start's own (removed by stop) for files the launchers write
+    scratch_dir: str | None = None
 
 
 def plan_launch(request: LaunchRequest) -> LaunchPlan:
@@ -80,7 +106,7 @@ def _plan_local(request: LaunchRequest) -> LaunchPlan:
     environment = request.environment
     config = Config()
     engine_set = config.LocalEngineSetLauncher
-    engine_set.engine_cmd = [sys.executable, "-m", "jaxcluster._engine"]
+    engine_set.engine_cmd = ENGINE_CMD
     engine_set.environment = dict(environment)
     engine_set.delay = 0.0
     engine_set.stop_seconds_until_kill = STOP_SECONDS_UNTIL_KILL
@@ -88,9 +114,13 @@ def _plan_local(request: LaunchRequest) -> LaunchPlan:
     return LaunchPlan(
         engine_launcher="local",
         controller_ip=request.ip or "127.0.0.1",
-        controller_args=["--usethreads", f"--HeartMonitor.period={HEARTBEAT_MS}"],
+        controller_args=_controller_args(),
         config=config,
     )
+
+
+def _controller_args() -> list[str]:
+    return ["--usethreads", f"--HeartMonitor.period={HEARTBEAT_MS}"]
 
 
 def _plan_ssh(request: LaunchRequest) -> LaunchPlan:
@@ -100,7 +130,7 @@ def _plan_ssh(request: LaunchRequest) -> LaunchPlan:
     engine_set = config.SSHEngineSetLauncher
     # the same Python at the same path on every host (a shared or identical installation)
     engine_set.remote_python = sys.executable
-    engine_set.engine_cmd = [sys.executable, "-m", "jaxcluster._engine"]
+    engine_set.engine_cmd = ENGINE_CMD
     # each engine learns the name it was started under, so processes are ordered and errors
     # reported by the host names the user gave
     engine_set.engines = {
@@ -119,18 +149,89 @@ def _plan_ssh(request: LaunchRequest) -> LaunchPlan:
     return LaunchPlan(
         engine_launcher="ssh",
         controller_ip=request.ip or route_address(next(iter(engines))),
-        controller_args=["--usethreads", f"--HeartMonitor.period={HEARTBEAT_MS}"],
+        controller_args=_controller_args(),
         config=config,
         preflight=lambda: check_ssh_hosts(list(engines), ssh_args, request.timeout),
     )
 
 
 def _plan_mpi(request: LaunchRequest) -> LaunchPlan:
-    raise ConfigError("--launcher mpi: not built yet (issue 7).")
+    """One ``mpiexec -n N [forwarded env] [--launcher-args] python -m jaxcluster._engine``.
+
+    Process indices follow MPI ranks (see ``_engine.launch_rank``). Nothing that changes
+    mpiexec's policy is added: running as root or more ranks than cores is the user's call
+    (``--launcher-args "--allow-run-as-root --oversubscribe"`` with Open MPI).
+    """
+    mpiexec = _require_command(
+        "mpiexec", "mpi", "install an MPI (on Debian: apt-get install openmpi-bin)"
+    )
+    config = Config()
+    engine_set = config.MPIEngineSetLauncher
+    engine_set.mpi_cmd = [mpiexec]
+    forwarded = _mpi_environment_args(mpiexec, request.environment)
+    engine_set.mpi_args = [*forwarded, *request.launcher_args]
+    engine_set.stop_seconds_until_kill = MPIEXEC_SECONDS_UNTIL_KILL
+    return _plan_engines_elsewhere("mpi", engine_set, config, request)
 
 
 def _plan_slurm(request: LaunchRequest) -> LaunchPlan:
-    raise ConfigError("--launcher slurm: not built yet (issue 7).")
+    """One Slurm job of N tasks (``sbatch`` of ipyparallel's template, ``srun`` in it).
+
+    ``--launcher-args`` go to ``sbatch``'s command line, where they override the template's
+    ``#SBATCH`` lines. Process indices follow ``SLURM_PROCID``. The engines need the
+    controller's connection file, so the profile directory must be on a shared filesystem.
+    """
+    sbatch = _require_command("sbatch", "slurm", "run the notebook where Slurm's sbatch works")
+    config = Config()
+    engine_set = config.SlurmEngineSetLauncher
+    engine_set.submit_command = [sbatch, *request.launcher_args]
+    if request.scratch_dir:
+        # not ipyparallel's default: slurm_engine.sbatch in the notebook's directory
+        engine_set.batch_file_name = os.path.join(request.scratch_dir, "engines.sbatch")
+    return _plan_engines_elsewhere("slurm", engine_set, config, request)
+
+
+def _require_command(command: str, launcher: str, fix: str) -> str:
+    path = shutil.which(command)
+    if path is None:
+        raise ConfigError(
+            f"--launcher {launcher} needs {command} on the PATH, and it is not there: {fix}, "
+            "or use --launcher local."
+        )
+    return path
+
+
+def _plan_engines_elsewhere(
+    launcher: str, engine_set: Config, config: Config, request: LaunchRequest
+) -> LaunchPlan:
+    """The rest of a plan whose engines may run on other hosts, so loopback will not do."""
+    engine_set.engine_cmd = ENGINE_CMD
+    engine_set.environment = dict(request.environment)
+    config.LocalControllerLauncher.stop_seconds_until_kill = STOP_SECONDS_UNTIL_KILL
+    return LaunchPlan(
+        engine_launcher=launcher,
+        controller_ip=request.ip or reachable_address(),
+        controller_args=_controller_args(),
+        config=config,
+    )
+
+
+def _mpi_environment_args(mpiexec: str, environment: dict[str, str]) -> list[str]:
+    """``-x NAME`` per engine variable for Open MPI, which passes only those to other hosts.
+
+    MPICH's and Intel MPI's Hydra pass the whole environment without being asked.
+    """
+    try:
+        version = subprocess.run(
+            [mpiexec, "--version"], capture_output=True, text=True, timeout=30
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    if "Open MPI" not in version and "OpenRTE" not in version:
+        return []
+    # ipyparallel tells engines their cluster through these, not on the command line
+    names = [*environment, "IPP_CLUSTER_ID", "IPP_PROFILE_DIR"]
+    return [arg for name in names for arg in ("-x", name)]
 
 
 _PLANNERS = {"local": _plan_local, "ssh": _plan_ssh, "mpi": _plan_mpi, "slurm": _plan_slurm}
@@ -160,13 +261,6 @@ def parse_hosts(hosts: list[str] | str | None) -> list[str]:
             "processes on one host."
         )
     return parsed
-
-
-def split_args(args: list[str] | str | None) -> list[str]:
-    """``--launcher-args`` as one quoted string (the magic) or a list (the Python API)."""
-    if args is None:
-        return []
-    return shlex.split(args) if isinstance(args, str) else [str(a) for a in args]
 
 
 def engines_by_host(nodes: int, hosts: list[str], engines_per_host: int | None) -> dict[str, int]:

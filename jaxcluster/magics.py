@@ -67,7 +67,8 @@ class JaxClusterMagics(Magics):
         "--nodes",
         "-n",
         default=None,
-        help="number of JAX processes (engines). Default 4, or --hosts × --engines-per-host.",
+        help="number of JAX processes (engines). Default 4, or --hosts × --engines-per-host; "
+        "connect: wait for this many engines (default: those registered).",
     )
     @argument(
         "--devices-per-node",
@@ -132,6 +133,8 @@ class JaxClusterMagics(Magics):
             %jax_cluster status
             %jax_cluster restart
             %jax_cluster stop
+            %jax_cluster start --nodes 4 --launcher mpi
+            %jax_cluster connect --cluster-id 1700000000-abcd
         """
         args = parse_argstring(self.jax_cluster, line)
         getattr(self, f"_{args.action}")(args)
@@ -143,7 +146,7 @@ class JaxClusterMagics(Magics):
                 "(%jax_cluster restart)."
             )
         cluster = JaxCluster(
-            nodes=args.nodes,
+            nodes=args.nodes or 4,
             devices_per_node=args.devices_per_node,
             platform=args.platform,
             launcher=args.launcher,
@@ -159,7 +162,25 @@ class JaxClusterMagics(Magics):
         self.cluster = cluster
 
     def _connect(self, args: Any) -> None:
-        raise UsageError("%jax_cluster connect: not built yet (issue 7).")
+        if self.cluster is not None and self.cluster.running:
+            raise UsageError(
+                "A cluster is already running. Stop it first (%jax_cluster stop), then connect."
+            )
+
+        def connect(progress: Any) -> JaxCluster:
+            self.cluster = JaxCluster.connect(
+                profile=args.profile,
+                cluster_id=args.cluster_id,
+                url_file=args.url_file,
+                nodes=args.nodes,
+                timeout=args.timeout,
+                coordinator_port=args.coordinator_port,
+                coordinator=args.coordinator,
+                progress=progress,
+            )
+            return self.cluster
+
+        self._run_with_progress("connecting", connect)
 
     def _restart(self, args: Any) -> None:
         cluster = self.require_cluster()
@@ -171,7 +192,10 @@ class JaxClusterMagics(Magics):
             print("No cluster is running.")
             return
         cluster.stop()
-        print("Cluster stopped.")
+        if cluster.attached:
+            print("Disconnected. The engines keep running: this notebook did not start them.")
+        else:
+            print("Cluster stopped.")
 
     def _status(self, args: Any) -> None:
         statuses = self.require_cluster().status()

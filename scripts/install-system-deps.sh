@@ -1,15 +1,18 @@
 #!/usr/bin/env bash
-# Install the Debian packages that the browser and MPI tests need.
+# Install the Debian packages that the browser, MPI and Slurm tests need.
 # Idempotent: only runs apt-get when something is missing. Never fails the
 # caller when it cannot install (no root / no apt): the tests then skip.
 set -u
 
-PACKAGES=(chromium openmpi-bin libopenmpi-dev openssh-server openssh-client iproute2)
+# slurmctld, slurmd, munge: the Slurm tests run a one-node Slurm of their own, with its own
+# configuration and munge key; they never use these packages' system services.
+PACKAGES=(chromium openmpi-bin libopenmpi-dev openssh-server openssh-client iproute2
+    slurmctld slurmd slurm-client munge)
 
 log() { echo "install-system-deps: $*"; }
 
 if ! command -v dpkg-query >/dev/null 2>&1 || ! command -v apt-get >/dev/null 2>&1; then
-    log "apt-get/dpkg not available; skipping (browser/MPI tests will skip)"
+    log "apt-get/dpkg not available; skipping (browser/MPI/Slurm tests will skip)"
     exit 0
 fi
 
@@ -27,7 +30,7 @@ if [ "${#missing[@]}" -eq 0 ]; then
 fi
 
 if [ "$(id -u)" -ne 0 ]; then
-    log "not root; cannot install: ${missing[*]} (browser/MPI tests will skip)"
+    log "not root; cannot install: ${missing[*]} (browser/MPI/Slurm tests will skip)"
     exit 0
 fi
 

@@ -1,0 +1,143 @@
+"""``--launcher mpi``: Debian's Open MPI, 4 ranks on this machine (issue 7)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import textwrap
+import time
+
+import pytest
+
+from jaxcluster import ConfigError, JaxCluster, JaxClusterError
+from jaxcluster.cluster import _launch_order
+from jaxcluster.launchers import LaunchRequest, plan_launch
+from tests.conftest import cluster_processes, wait_until_gone
+from tests.multihost import expected_psum, index_rank_psum
+
+needs_mpiexec = pytest.mark.skipif(
+    shutil.which("mpiexec") is None,
+    reason="mpiexec is not installed; `make test` installs Open MPI where it runs as root "
+    "(scripts/install-system-deps.sh)",
+)
+
+# Open MPI refuses more ranks than cores, and root, unless told: the user's call, made here.
+OPEN_MPI_ARGS = "--oversubscribe" + (" --allow-run-as-root" if os.geteuid() == 0 else "")
+
+
+def mpi_cluster(**kwargs) -> JaxCluster:
+    options = dict(
+        nodes=4, devices_per_node=2, platform="cpu", launcher="mpi",
+        launcher_args=OPEN_MPI_ARGS, timeout=120,
+    )
+    return JaxCluster(**{**options, **kwargs})
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    c = mpi_cluster().start()
+    try:
+        yield c
+    finally:
+        c.stop()
+
+
+def test_launcher_args_are_split_like_a_shell_and_appended_to_mpiexec():
+    cluster = JaxCluster(launcher="mpi", launcher_args="--oversubscribe -H 'a,b' --mca x y")
+    assert cluster.launcher_args == ["--oversubscribe", "-H", "a,b", "--mca", "x", "y"]
+    with pytest.raises(ConfigError, match="cannot be split into options"):
+        JaxCluster(launcher="mpi", launcher_args="--host 'a,b")
+
+
+@needs_mpiexec
+def test_open_mpi_is_told_to_pass_the_engine_environment_on():
+    plan = plan_launch(
+        LaunchRequest(
+            launcher="mpi", nodes=4, environment={"JAX_PLATFORMS": "cpu"},
+            launcher_args=["--oversubscribe"],
+        )
+    )
+    engines = plan.config.MPIEngineSetLauncher
+    assert plan.engine_launcher == "mpi"
+    assert engines.mpi_args == [
+        "-x", "JAX_PLATFORMS", "-x", "IPP_CLUSTER_ID", "-x", "IPP_PROFILE_DIR", "--oversubscribe"
+    ]
+    assert engines.engine_cmd[1:] == ["-m", "jaxcluster._engine"]
+
+
+def test_missing_mpiexec_is_a_clear_error(monkeypatch):
+    monkeypatch.setenv("PATH", "/nonexistent")
+    with pytest.raises(ConfigError, match="--launcher mpi needs mpiexec on the PATH"):
+        plan_launch(LaunchRequest(launcher="mpi", nodes=4, environment={}))
+
+
+def test_process_order_follows_distinct_ranks_only():
+    identities = {7: {"rank": 1}, 8: {"rank": 0}, 9: {"rank": 2}}
+    assert _launch_order([7, 8, 9], identities) == [8, 7, 9]
+    # local engines inherit the notebook's own rank, if any: one value for all
+    assert _launch_order([7, 8], {7: {"rank": 0}, 8: {"rank": 0}}) == [7, 8]
+    assert _launch_order([7, 8], {7: {"rank": None}, 8: {"rank": 0}}) == [7, 8]
+
+
+@needs_mpiexec
+@pytest.mark.cluster
+def test_process_index_is_the_mpi_rank_and_psum_is_global(cluster):
+    assert cluster.summary().startswith("4 processes × 2 cpu devices = 8 global devices")
+    answers = cluster.view.apply_sync(index_rank_psum)
+    assert answers == [(rank, rank, expected_psum(4, 2)) for rank in range(4)]
+
+
+@needs_mpiexec
+@pytest.mark.cluster
+def test_restart_replaces_every_rank(cluster):
+    before = [p.pid for p in cluster.processes]
+    cluster.restart()
+    assert wait_until_gone(before, 15) == []
+    assert set(before).isdisjoint(p.pid for p in cluster.processes)
+    answers = cluster.view.apply_sync(index_rank_psum)
+    assert answers == [(rank, rank, expected_psum(4, 2)) for rank in range(4)]
+
+
+@needs_mpiexec
+@pytest.mark.cluster
+def test_stop_ends_mpiexec_and_every_rank(cluster):
+    mpiexec = [engine_set.pid for engine_set in cluster.ipp_cluster.engines.values()]
+    ranks = [p.pid for p in cluster.processes]
+    started = cluster_processes(cluster.cluster_id)
+    assert set(mpiexec + ranks) <= {p.pid for p in started}
+    began = time.monotonic()
+    cluster.stop()
+    assert wait_until_gone([p.pid for p in started], 15) == []
+    assert time.monotonic() - began < 15
+
+
+@needs_mpiexec
+@pytest.mark.cluster
+def test_mpiexec_that_fails_is_quoted_at_once():
+    cluster = mpi_cluster(launcher_args=OPEN_MPI_ARGS + " --no-such-option")
+    began = time.monotonic()
+    with pytest.raises(JaxClusterError, match="exited before registering") as failure:
+        cluster.start()
+    assert time.monotonic() - began < 30
+    assert "--- mpiexec pid" in str(failure.value)
+    assert "no-such-option" in str(failure.value)
+    assert wait_until_gone([p.pid for p in cluster_processes(cluster.cluster_id)], 15) == []
+
+
+BLOCK_RANK_3 = """
+import os, time
+if os.environ.get("OMPI_COMM_WORLD_RANK") == "3":
+    time.sleep(600)  # this engine never registers
+"""
+
+
+@needs_mpiexec
+@pytest.mark.cluster
+def test_an_engine_that_never_registers_ends_start_in_time_and_nothing_is_left(tmp_path):
+    (tmp_path / "sitecustomize.py").write_text(textwrap.dedent(BLOCK_RANK_3))
+    cluster = mpi_cluster(timeout=20, engine_env={"PYTHONPATH": str(tmp_path)})
+    began = time.monotonic()
+    with pytest.raises(JaxClusterError, match=r"Only [0-3] of 4 engines registered within 20 s"):
+        cluster.start()
+    assert time.monotonic() - began < 20 + 15
+    assert wait_until_gone([p.pid for p in cluster_processes(cluster.cluster_id)], 15) == []
