@@ -119,7 +119,7 @@ def test_mpiexec_that_fails_is_quoted_at_once():
     with pytest.raises(JaxClusterError, match="exited before registering") as failure:
         cluster.start()
     assert time.monotonic() - began < 30
-    assert "--- mpiexec pid" in str(failure.value)
+    assert "--- mpiexec, pid" in str(failure.value)
     assert "no-such-option" in str(failure.value)
     assert wait_until_gone([p.pid for p in cluster_processes(cluster.cluster_id)], 15) == []
 
