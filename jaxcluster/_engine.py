@@ -116,12 +116,14 @@ def initialize(
     timeout: float,
     address: str | None = None,
     bind_coordinator: bool = False,
+    gpus: list[int] | None = None,
 ) -> dict:
     """``jax.distributed.initialize`` this process and describe what it then sees.
 
     ``address``: where the other hosts reach this process, for JAX's CPU collectives.
     ``bind_coordinator``: the coordination service (process 0) listens on the coordinator's
     address only, not on all interfaces (JAX's default): it is unauthenticated.
+    ``gpus``: the GPUs this process uses, where several processes share a host's GPUs.
     """
     import jax
 
@@ -131,6 +133,7 @@ def initialize(
         process_id=process_id,
         initialization_timeout=max(1, int(timeout)),
         coordinator_bind_address=coordinator if bind_coordinator else None,
+        local_device_ids=gpus,
     )
     if address:
         _cpu_collectives_listen_on(address)
@@ -142,11 +145,15 @@ def initialize(
     except Exception as e:
         # JAX's own error for a missing backend can be a bare AssertionError; say what it means.
         platforms = os.environ.get("JAX_PLATFORMS") or "default"
+        share = (
+            f" This process was given GPU(s) {gpus}: does the host have that many? Start fewer "
+            "processes per host, or lower --devices-per-node." if gpus else ""
+        )
         raise RuntimeError(
             f"JAX could not create the {platforms!r} backend on this host "
             f"({type(e).__name__}: {e or 'no message'}). Check that JAX's plugin for that "
             "platform is installed here (for NVIDIA GPUs: pip install 'jax[cuda12]') and that "
-            "its devices are visible, or choose another --platform."
+            f"its devices are visible, or choose another --platform.{share}"
         ) from e
 
 

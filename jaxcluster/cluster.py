@@ -37,6 +37,7 @@ from .launchers import (
     check_launcher,
     check_local_ip,
     engine_environment,
+    gpu_device_ids,
     engines_by_host,
     parse_hosts,
     plan_launch,
@@ -49,6 +50,7 @@ PLATFORMS = ("cpu", "gpu", "cuda", "rocm", "tpu")
 DEFAULT_NODES = 4
 DEFAULT_CPU_DEVICES = 2
 POLL_SECONDS = 0.05
+FAILURE_GRACE_SECONDS = 3
 SSH_KILL_SECONDS = 15
 # the launcher of a cluster attached by ``connect``: its engines were started by someone else
 ATTACHED = "attached"
@@ -150,11 +152,10 @@ class JaxCluster:
             devices_per_node = _positive_int(
                 devices_per_node, "--devices-per-node", "--devices-per-node 2"
             )
-            if platform not in (None, "cpu"):
+            if platform == "tpu":
                 raise ConfigError(
-                    f"--devices-per-node only applies to the CPU platform; on {platform} each "
-                    "process uses the accelerators it sees. Drop --devices-per-node, or use "
-                    "--platform cpu."
+                    "--devices-per-node does not apply to TPUs: each process uses the chips "
+                    "of its host. Drop --devices-per-node."
                 )
         check_launcher(launcher)
         check_hosts_options(launcher, self.nodes, hosts, engines_per_host)
@@ -531,9 +532,9 @@ class JaxCluster:
             raise NoClusterError("No cluster is running. Start one with %jax_cluster start --nodes N.")
 
     def _environment(self) -> dict[str, str]:
-        devices = self.devices_per_node
-        if devices is None and self.platform in (None, "cpu"):
-            devices = DEFAULT_CPU_DEVICES
+        devices = None
+        if self.platform in (None, "cpu"):
+            devices = self.devices_per_node or DEFAULT_CPU_DEVICES
         env = engine_environment(self.platform, devices)
         if self._stack_dir:
             env["JAXCLUSTER_STACK_DIR"] = self._stack_dir
@@ -565,6 +566,7 @@ class JaxCluster:
             # each host's processes get consecutive indices, hosts in --hosts order
             engine_ids.sort(key=lambda eid: self.hosts.index(identities[eid]["host"]))
         coordinator = self._coordinator_address(engine_ids[0], identities[engine_ids[0]])
+        gpus = self._gpu_assignment(engine_ids, identities)
         pending = {
             eid: client[eid].apply_async(
                 _engine.initialize,
@@ -575,6 +577,7 @@ class JaxCluster:
                 None if self.launcher == "local" else identities[eid]["address"],
                 # --coordinator may name an address that is not process 0's own (NAT)
                 self.coordinator_override is None,
+                gpus[eid],
             )
             for index, eid in enumerate(engine_ids)
         }
@@ -585,6 +588,21 @@ class JaxCluster:
         self.coordinator = coordinator
         self._view = client[self.engine_ids]
         self._view.block = False
+
+    def _gpu_assignment(
+        self, engine_ids: list[int], identities: dict[int, dict]
+    ) -> dict[int, list[int] | None]:
+        """Each engine's GPUs: its own share where several processes run on one host."""
+        on_host: dict[tuple, list[int]] = {}
+        for eid in engine_ids:
+            on_host.setdefault((identities[eid]["host"], identities[eid]["address"]), []).append(eid)
+        assignment = {}
+        for eids in on_host.values():
+            for local_rank, eid in enumerate(eids):
+                assignment[eid] = gpu_device_ids(
+                    self.platform, self.devices_per_node, local_rank, len(eids)
+                )
+        return assignment
 
     def _identities(self, engine_ids: list[int]) -> dict[int, dict]:
         client = self._client
@@ -745,6 +763,9 @@ class JaxCluster:
                     errors[eid] = _remote_message(e)
                 except Exception as e:  # noqa: BLE001 - engine died, unpicklable reply, ...
                     errors[eid] = f"{type(e).__name__}: {e}"
+                if eid in errors:
+                    # JAX's start-up waits for every process: once one fails, the rest never end
+                    deadline = min(deadline, time.monotonic() + FAILURE_GRACE_SECONDS)
             if progress and len(results) != reported:
                 reported = len(results)
                 progress(stage, len(results), len(pending))
@@ -758,7 +779,9 @@ class JaxCluster:
         for message, indices in sorted(by_message.items(), key=lambda kv: min(kv[1])):
             lines.append(f"  {process_label(indices)}: {message}")
         stuck = [index_of[eid] for eid in pending if eid not in results and eid not in errors]
-        if stuck:
+        if stuck and errors:
+            lines.append(f"  {process_label(stuck)}: still waiting for the failed processes")
+        elif stuck:
             lines.append(f"  {process_label(stuck)}: did not finish within {self.timeout:g} s")
         failed = sorted(index_of[eid] for eid in pending if eid not in results)
         raise JaxClusterError(

@@ -73,7 +73,8 @@ class JaxClusterMagics(Magics):
     @argument(
         "--devices-per-node",
         default=None,
-        help="CPU devices per process (CPU platform only). Default 2 on CPU.",
+        help="devices per process: CPU devices on the CPU platform (default 2), GPUs on gpu, "
+        "cuda or rocm (default: one each where processes share a host, else all).",
     )
     @argument(
         "--platform",

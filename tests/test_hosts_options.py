@@ -12,6 +12,7 @@ from IPython.testing.globalipapp import start_ipython
 from jaxcluster import ConfigError, JaxCluster
 from jaxcluster._watchdog import cluster_pids, ssh_engines, ssh_kill_commands
 from jaxcluster.launchers import (
+    gpu_device_ids,
     HOST_ARG,
     LaunchRequest,
     engines_by_host,
@@ -137,3 +138,18 @@ def test_watchdog_kills_ssh_engines_over_ssh_never_by_local_pid():
         ["ssh", "-i", "k", "h1", "kill", "-KILL", "7", "8"],
         ["ssh", "-i", "k", "-p", "2222", "me@h2", "kill", "-KILL", "7"],
     ]
+
+
+@pytest.mark.parametrize(
+    ("platform", "per_process", "local_rank", "on_host", "expected"),
+    [
+        ("cuda", None, 0, 1, None),  # one process per host keeps every GPU it sees
+        ("cuda", None, 3, 8, [3]),  # eight processes on an eight-GPU host: one GPU each
+        ("gpu", 2, 1, 4, [2, 3]),
+        ("rocm", 4, 0, 1, [0, 1, 2, 3]),
+        ("cpu", None, 1, 4, None),
+        (None, 2, 1, 4, None),  # JAX's choice: CPU devices, no GPU restriction
+    ],
+)
+def test_processes_sharing_a_host_take_their_own_gpus(platform, per_process, local_rank, on_host, expected):
+    assert gpu_device_ids(platform, per_process, local_rank, on_host) == expected
