@@ -37,7 +37,9 @@ def process_label(indices: Iterable[int]) -> str:
 
 
 # The runtime's own chatter, not the user's output: gloo announces every connection it makes.
-NOISE = re.compile(r"^\[Gloo\] Rank \d+ is connected to \d+ peer ranks\..*\n?", re.MULTILINE)
+# Not anchored to a line start: gloo writes when a collective first runs, which can be in the
+# middle of a print that is formatting that collective's result.
+NOISE = re.compile(r"\[Gloo\] Rank \d+ is connected to \d+ peer ranks\..*\n?")
 
 
 def clean_stream(text: str) -> str:
