@@ -1,7 +1,7 @@
 """Run the tutorial notebooks headless.
 
     python scripts/notebooks.py execute [NOTEBOOK ...]   # refresh the committed outputs (make notebooks)
-    python scripts/notebooks.py demo                     # run the quick start, print it (make demo)
+    python scripts/notebooks.py demo [NOTEBOOK]          # run the quick start, print it (make demo)
 
 Both run the notebooks' own kernel (Python 3, this environment's) with IPP_NONINTERACTIVE=1, as
 ``make test`` does; cells tagged ``raises-exception`` may fail, any other failure stops the run.
@@ -88,7 +88,7 @@ def cell_text(cell: nbformat.NotebookNode) -> str:
     return "\n".join(parts)
 
 
-def demo() -> int:
+def demo(path: Path) -> int:
     def show(cell: nbformat.NotebookNode, **_: Any) -> None:
         if cell.cell_type != "code":
             return
@@ -99,13 +99,14 @@ def demo() -> int:
             print(text)
         print(flush=True)
 
-    print(f"Running {os.path.relpath(QUICKSTART)} headless …\n", flush=True)
+    name = os.path.relpath(path)
+    print(f"Running {name} headless …\n", flush=True)
     try:
-        execute(QUICKSTART, on_cell=show)
+        execute(path, on_cell=show)
     except CellExecutionError as e:
-        print(f"make demo: the quick start failed.\n{e}", file=sys.stderr)
+        print(f"make demo: {name} failed.\n{e}", file=sys.stderr)
         return 1
-    print("make demo: the quick start ran without errors.")
+    print(f"make demo: {name} ran without errors.")
     return 0
 
 
@@ -115,10 +116,12 @@ def main(argv: list[str] | None = None) -> int:
     run = commands.add_parser("execute", help="run notebooks and save their outputs in place")
     run.add_argument("notebooks", nargs="*", type=Path,
                      help="default: every tutorial in notebooks/")
-    commands.add_parser("demo", help="run the quick start headless and print what it shows")
+    show = commands.add_parser("demo", help="run a notebook headless and print what it shows")
+    show.add_argument("notebook", nargs="?", type=Path, default=QUICKSTART,
+                      help="default: the quick start")
     args = parser.parse_args(argv)
     if args.command == "demo":
-        return demo()
+        return demo(args.notebook)
     refresh(args.notebooks or sorted(NOTEBOOKS.glob("[0-9][0-9]-*.ipynb")))
     return 0
 
