@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: lab test bench system-deps clean
+.PHONY: lab test demo notebooks bench system-deps clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -23,6 +23,14 @@ lab: $(STAMP)
 
 test: $(STAMP) system-deps
 	IPP_NONINTERACTIVE=1 $(PY) -m pytest
+
+# The quick start, headless: prints what its cells show; fails if any cell failed.
+demo: $(STAMP)
+	$(PY) scripts/notebooks.py demo
+
+# Re-run the tutorials and save their outputs in place (then commit them).
+notebooks: $(STAMP)
+	$(PY) scripts/notebooks.py execute
 
 bench: $(STAMP)
 	$(PY) -m benchmarks

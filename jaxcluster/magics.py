@@ -280,7 +280,8 @@ class JaxClusterMagics(Magics):
             timeout=timeout,
             hang_after=hang_after,
             on_update=on_update,
-            on_restart=lambda: cluster.restart(progress=StartProgress("restarting the cluster")),
+            # the progress bar ends as the summary line, as for %jax_cluster restart
+            on_restart=lambda: self._run_with_progress("restarting the cluster", cluster.restart),
         )
         live.finish(
             cell_render.streams_text(result.processes, selected, collapsed),

@@ -36,19 +36,18 @@ def process_label(indices: Iterable[int]) -> str:
     return f"{word} {format_ranges(indices)}"
 
 
-# The runtime's own chatter, not the user's output: gloo announces every connection it makes,
-# from one thread per local device, so two announcements can interleave mid-line.
+# The runtime's own chatter, not the user's output: gloo announces every connection it makes.
+# Not anchored to a line: gloo writes when a collective first runs, which can be in the middle
+# of a print formatting that collective's result, and one thread per local device writes, so
+# two announcements can interleave.
 GLOO_PARTS = re.compile(
-    r"\[Gloo\] Rank \d+ is connected to |\d+ peer ranks\. Expected number of connected peer ranks is : \d+"
+    r"\[Gloo\] Rank \d+ is connected to "
+    r"|\d+ peer ranks\. Expected number of connected peer ranks is : \d+\n?"
 )
 
 
 def clean_stream(text: str) -> str:
-    if "[Gloo]" not in text:
-        return text
-    lines = text.splitlines(keepends=True)
-    kept = [line for line in lines if not GLOO_PARTS.search(line) or GLOO_PARTS.sub("", line).strip()]
-    return "".join(kept)
+    return GLOO_PARTS.sub("", text) if "[Gloo]" in text else text
 
 
 def parse_process_spec(spec: str, count: int) -> list[int]:

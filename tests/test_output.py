@@ -61,6 +61,13 @@ def test_interleaved_gloo_announcements_are_removed():
     assert clean_stream(text) == "16 6.0\ndone\n"
 
 
+def test_gloo_noise_inside_a_printed_line_is_removed():
+    # print(x.shape, total) computes str(total) after writing "(8,) ": gloo connects in between
+    text = ("(8,) [Gloo] Rank 5 is connected to 7 peer ranks. Expected number of connected peer "
+            "ranks is : 7\n[28.]\n")
+    assert clean_stream(text) == "(8,) [28.]\n"
+
+
 def test_tail_keeps_the_last_lines_and_counts_the_rest():
     text = "".join(f"{i}\n" for i in range(10))
     assert _tail(text, 3) == "… 6 earlier lines …\n6\n7\n8\n9\n"

@@ -46,7 +46,7 @@ def spmd(ip, body, line=""):
 def failing_spmd(ip, body, line=""):
     with capture_output() as captured, pytest.raises(SPMDError) as info:
         ip.run_cell_magic("spmd", line, body)
-    shown = "\n".join(o.data.get("text/plain", "") for o in captured.outputs)
+    shown = "\n".join([o.data.get("text/plain", "") for o in captured.outputs] + [captured.stdout])
     return shown, "\n".join(info.value._render_traceback_()), info.value
 
 
@@ -186,9 +186,11 @@ def test_hang_after_one_process_raises_before_a_collective(ip, cluster):
 def test_timeout_reports_and_recovers(ip, cluster):
     old = [p.pid for p in cluster.processes]
     began = time.monotonic()
-    _, tb, _ = failing_spmd(ip, "import time\ntime.sleep(60)", "--timeout 2")
+    shown, tb, _ = failing_spmd(ip, "import time\ntime.sleep(60)", "--timeout 2")
     assert time.monotonic() - began < 30
     assert "ran past its timeout" in tb
+    # the automatic restart's progress ends as its summary line
+    assert "4 processes × 2 cpu devices = 8 global devices, ready in" in shown
     assert "processes 0-3 stuck" in tb and "time.sleep" in tb or "<cell>" in tb
     _assert_recovered(ip, cluster, old)
 

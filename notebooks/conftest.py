@@ -1,0 +1,49 @@
+"""nbval runs the tutorials (``make test``); here it learns what Jupyter does with display updates.
+
+nbval 0.11 records ``display_data`` but drops ``update_display_data``, while a notebook saved by
+JupyterLab or nbclient holds every display as last updated: the start progress bar replaced by
+its summary line, a running ``%%spmd`` cell's live status replaced by its gathered output.
+Applying the updates makes nbval compare what a reader of the notebook sees.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from nbformat import NotebookNode
+from nbval.plugin import IPyNbCell
+
+
+class _AppliedDisplayUpdates:
+    """Wraps ``IPyNbFile.get_kernel_message``: updates rewrite the displays they name."""
+
+    def __init__(self, get_message: Any) -> None:
+        self.get_message = get_message
+        self.shown: dict[str, list[NotebookNode]] = {}
+
+    def __call__(self, timeout: float | None = None, stream: str = "iopub") -> dict:
+        while True:
+            msg = self.get_message(timeout=timeout, stream=stream)
+            content = msg["content"]
+            display_id = content.get("transient", {}).get("display_id")
+            if msg["msg_type"] == "display_data" and display_id:
+                # nbval keeps a NotebookNode as it is, so this is the object it compares
+                content["data"] = NotebookNode(content["data"])
+                self.shown.setdefault(display_id, []).append(content["data"])
+            elif msg["msg_type"] == "update_display_data":
+                for data in self.shown.get(display_id, []):
+                    data.clear()
+                    data.update(content["data"])
+                continue
+            return msg
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if isinstance(item, IPyNbCell):
+            item.add_marker(pytest.mark.cluster)
+            notebook = item.parent
+            if not isinstance(notebook.get_kernel_message, _AppliedDisplayUpdates):
+                notebook.get_kernel_message = _AppliedDisplayUpdates(notebook.get_kernel_message)
+

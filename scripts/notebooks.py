@@ -1,0 +1,130 @@
+"""Run the tutorial notebooks headless.
+
+    python scripts/notebooks.py execute [NOTEBOOK ...]   # refresh the committed outputs (make notebooks)
+    python scripts/notebooks.py demo [NOTEBOOK]          # run the quick start, print it (make demo)
+
+Both run the notebooks' own kernel (Python 3, this environment's) with IPP_NONINTERACTIVE=1, as
+``make test`` does; cells tagged ``raises-exception`` may fail, any other failure stops the run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+import nbformat
+from nbclient import NotebookClient
+from nbclient.exceptions import CellExecutionError
+
+NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
+QUICKSTART = NOTEBOOKS / "01-quickstart.ipynb"
+CELL_TIMEOUT = 600  # seconds; a 2-core machine shared with other jobs starts clusters slowly
+WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+
+
+def execute(path: Path, on_cell: Any = None) -> nbformat.NotebookNode:
+    """Run every cell of the notebook at ``path``; return it with its outputs."""
+    os.environ["IPP_NONINTERACTIVE"] = "1"  # inherited by the kernel, as under make test
+    nb = nbformat.read(path, as_version=4)
+    client = NotebookClient(
+        nb,
+        timeout=CELL_TIMEOUT,
+        kernel_name=nb.metadata.kernelspec.name,
+        resources={"metadata": {"path": str(path.parent)}},
+        record_timing=False,  # timestamps would change every committed cell on every run
+        on_cell_executed=on_cell,
+    )
+    client.execute()
+    return nb
+
+
+def keep_shown_widgets(nb: nbformat.NotebookNode) -> None:
+    """Keep the saved state of widgets that outputs show (and of their parts), drop the rest.
+
+    nbclient saves every widget the kernel ever made, closed progress bars included, under new
+    random ids on each run; the sharding widgets that outputs show need theirs to render.
+    """
+    saved = nb.metadata.get("widgets", {}).get(WIDGET_STATE, {})
+    state = saved.get("state", {})
+    todo = [out["data"][WIDGET_VIEW]["model_id"] for cell in nb.cells
+            for out in cell.get("outputs", []) if WIDGET_VIEW in out.get("data", {})]
+    kept: dict[str, Any] = {}
+    while todo:
+        model_id = todo.pop()
+        if model_id in kept or model_id not in state:
+            continue
+        kept[model_id] = state[model_id]
+        todo += re.findall(r"IPY_MODEL_(\w+)", json.dumps(state[model_id]))
+    if kept:
+        saved["state"] = dict(sorted(kept.items()))
+    else:
+        nb.metadata.pop("widgets", None)
+
+
+def refresh(paths: list[Path]) -> None:
+    for path in paths:
+        print(f"executing {path.name} …", flush=True)
+        nb = execute(path)
+        keep_shown_widgets(nb)
+        nbformat.write(nb, path)
+
+
+def cell_text(cell: nbformat.NotebookNode) -> str:
+    """What a terminal can show of a cell's outputs: streams, text/plain, errors."""
+    parts = []
+    for out in cell.outputs:
+        if out.output_type == "stream":
+            parts.append(out.text.rstrip("\n"))
+        elif out.output_type == "error":
+            parts.append(f"{out.ename}: {out.evalue}")
+        elif out.get("data", {}).get("text/plain"):
+            parts.append(out.data["text/plain"])
+    return "\n".join(parts)
+
+
+def demo(path: Path) -> int:
+    def show(cell: nbformat.NotebookNode, **_: Any) -> None:
+        if cell.cell_type != "code":
+            return
+        for number, line in enumerate(cell.source.splitlines()):
+            print("... " if number else ">>> ", line, sep="")
+        text = cell_text(cell)
+        if text:
+            print(text)
+        print(flush=True)
+
+    name = os.path.relpath(path)
+    print(f"Running {name} headless …\n", flush=True)
+    try:
+        execute(path, on_cell=show)
+    except CellExecutionError as e:
+        print(f"make demo: {name} failed.\n{e}", file=sys.stderr)
+        return 1
+    print(f"make demo: {name} ran without errors.")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    run = commands.add_parser("execute", help="run notebooks and save their outputs in place")
+    run.add_argument("notebooks", nargs="*", type=Path,
+                     help="default: every tutorial in notebooks/")
+    show = commands.add_parser("demo", help="run a notebook headless and print what it shows")
+    show.add_argument("notebook", nargs="?", type=Path, default=QUICKSTART,
+                      help="default: the quick start")
+    args = parser.parse_args(argv)
+    if args.command == "demo":
+        return demo(args.notebook)
+    refresh(args.notebooks or sorted(NOTEBOOKS.glob("[0-9][0-9]-*.ipynb")))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
