@@ -61,6 +61,8 @@ def plan_launch(launcher: str, environment: dict[str, str]) -> LaunchPlan:
     return LaunchPlan(
         engine_launcher="local",
         controller_ip="127.0.0.1",
-        controller_args=["--usethreads", f"--HeartMonitor.period={HEARTBEAT_MS}"],
+        # --nodb: the hub would keep a copy of every message's buffers (up to 1 GiB), i.e. of
+        # every array pulled or pushed through ipyparallel
+        controller_args=["--usethreads", "--nodb", f"--HeartMonitor.period={HEARTBEAT_MS}"],
         config=config,
     )
