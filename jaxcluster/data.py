@@ -398,22 +398,40 @@ def _push_value(cluster: JaxCluster, name: str, value: Any) -> Transfer:
 
 def _push_pieces(session: _Session, p: int, key: tuple, array: np.ndarray) -> Iterator[_Call]:
     shard = array[engine.slices(key)]
-    source = engine.rows(shard)
     session.transfer.add(p, shard.nbytes, 1)
     if p in session.shared:
         session.transfer.shared_memory.add(p)
-    for start, stop in _row_ranges(source):
-        piece = source[start:stop]
+    for start, stop in _row_ranges(engine.rows(shard)):
+        piece = _Piece(session, p, key, shard, start, stop)
+        yield _Call(p, piece.request, piece.arrived, piece.rows.nbytes)
 
-        def request(piece: np.ndarray = piece, start: int = start, stop: int = stop) -> tuple:
-            # made when it is sent, so that only the pieces on their way take memory
-            payload: Any = session.shared_file(piece) if p in session.shared else None
-            if payload is None:
-                payload = np.ascontiguousarray(piece)
-            return (engine.receive_piece, session.token, key, shard.shape, shard.dtype,
-                    start, stop, payload)
 
-        yield _Call(p, request, nbytes=piece.nbytes)
+class _Piece:
+    """Rows of one shard on their way to one process: through a reused /dev/shm file when the
+    process is on this host (copied there only when sent), else through ipyparallel."""
+
+    def __init__(
+        self, session: _Session, process: int, key: tuple, shard: np.ndarray, start: int, stop: int
+    ) -> None:
+        self.session, self.process, self.key, self.shard = session, process, key, shard
+        self.start, self.stop = start, stop
+        self.rows = engine.rows(shard)[start:stop]
+        self.slot: tuple[str, mmap.mmap] | None = None
+
+    def request(self) -> tuple:
+        payload: Any = np.ascontiguousarray(self.rows)
+        if self.process in self.session.shared:
+            self.slot = self.session.files.slot(self.rows.nbytes)
+        if self.slot is not None:
+            path, mapping = self.slot
+            np.ndarray(self.rows.shape, self.rows.dtype, buffer=mapping)[...] = self.rows
+            payload = path
+        return (engine.receive_piece, self.session.token, self.key, self.shard.shape,
+                self.shard.dtype, self.start, self.stop, payload)
+
+    def arrived(self, _reply: None) -> None:
+        if self.slot is not None:
+            self.session.files.free(self.slot)
 
 
 # -- the calls of one transfer -------------------------------------------------------------
@@ -434,6 +452,7 @@ class _SharedFiles:
     def __init__(self, enabled: bool) -> None:
         self.probe: str | None = None
         self.paths: set[str] = set()
+        self._free: list[tuple[str, mmap.mmap]] = []
         if enabled and os.path.isdir(SHARED_MEMORY_DIR):
             prefix = os.path.join(SHARED_MEMORY_DIR, f"jaxcluster-{uuid.uuid4().hex}")
             try:
@@ -460,6 +479,18 @@ class _SharedFiles:
         finally:
             os.close(fd)
 
+    def slot(self, nbytes: int) -> tuple[str, mmap.mmap] | None:
+        """A file of at least ``nbytes`` for one piece on its way; ``free`` it once it arrived.
+
+        Reused, so that its memory is allocated once and bounded by what is on its way."""
+        for i, (path, mapping) in enumerate(self._free):
+            if len(mapping) >= nbytes:
+                return self._free.pop(i)
+        return self.create(max(nbytes, PIECE_BYTES))
+
+    def free(self, slot: tuple[str, mmap.mmap]) -> None:
+        self._free.append(slot)
+
     def unlink(self, path: str) -> None:
         self.paths.discard(path)
         try:
@@ -468,6 +499,7 @@ class _SharedFiles:
             pass
 
     def close(self) -> None:
+        self._free.clear()
         for path in list(self.paths):
             self.unlink(path)
 
@@ -506,18 +538,6 @@ class _Session:
             return np.empty(shape, dtype), None
         path, mapping = made
         return np.frombuffer(mapping, dtype, math.prod(shape)).reshape(shape), path
-
-    def shared_file(self, piece: np.ndarray) -> str | None:
-        """A /dev/shm file holding ``piece``, unmapped here so that it costs us no memory."""
-        made = self.files.create(piece.nbytes)
-        if made is None:
-            return None
-        path, mapping = made
-        view = np.frombuffer(mapping, piece.dtype, piece.size).reshape(piece.shape)
-        view[...] = piece
-        del view
-        mapping.close()
-        return path
 
     def sees_files(self, process: int) -> Callable[[bool], None]:
         """An ``on_reply`` that notes whether ``process`` found our probe file."""

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import tempfile
+
 import numpy as np
 import pytest
 from IPython.core.error import UsageError
@@ -131,6 +134,24 @@ def test_a_process_receives_a_replicated_slice_once(ready):
     assert on_engines(ready, "len(weights.addressable_shards), int(weights.sum())") == [
         f"(2, {weights.sum()})"
     ] * 4
+
+
+@pytest.mark.parametrize("shared_memory", [True, False], ids=["dev-shm", "ipyparallel"])
+@pytest.mark.parametrize("spec", [("d",), (None, "d")], ids=["rows", "columns"])
+def test_shards_travel_in_pieces_with_little_on_the_way(ready, monkeypatch, shared_memory, spec):
+    monkeypatch.setattr(data, "PIECE_BYTES", 2048)
+    monkeypatch.setattr(data, "IN_FLIGHT_BYTES", 4096)
+    files = tempfile.mkdtemp(dir="/dev/shm")  # ours alone, to see that nothing is left there
+    monkeypatch.setattr(data, "SHARED_MEMORY_DIR", files)
+    big = np.random.default_rng(1).normal(size=(256, 64)).astype(np.float32)
+    transfer = ready.push("big", big, MeshSharding({"d": 8}, spec), shared_memory=shared_memory)
+    assert transfer.shards == {0: 2, 1: 2, 2: 2, 3: 2}
+    pulled, transfer = data.pull(ready, "big", shared_memory=shared_memory)
+    np.testing.assert_array_equal(pulled, big)
+    assert transfer.shards == {0: 2, 1: 2, 2: 2, 3: 2}
+    assert transfer.shared_memory == ({0, 1, 2, 3} if shared_memory else set())
+    assert os.listdir(files) == []
+    os.rmdir(files)
 
 
 # -- errors --------------------------------------------------------------------------------
