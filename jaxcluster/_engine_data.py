@@ -8,6 +8,7 @@ notebook made in /dev/shm (``path`` arguments). Imported by the notebook too, fo
 
 from __future__ import annotations
 
+import io
 import mmap
 import os
 import pickle
@@ -93,11 +94,7 @@ def describe(name: str, token: str, send_value: bool, probe: str | None) -> list
     if not info["defined"]:
         return [info]
     buffers: list = []
-    file: Any = _Discard()
-    if send_value:
-        import io
-
-        file = io.BytesIO()
+    file: Any = io.BytesIO() if send_value else _Discard()
     pickler = _Pickler(file, buffers)
     pickler.dump(_namespace()[name])
     _held[token] = pickler.arrays

@@ -17,6 +17,7 @@ from __future__ import annotations
 import ast
 import concurrent.futures
 import functools
+import io
 import keyword
 import math
 import mmap
@@ -25,7 +26,7 @@ import pickle
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable, Hashable, Iterator, Mapping
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -78,7 +79,9 @@ class MeshSharding:
             if not (isinstance(axis, str) and axis.isidentifier()):
                 raise ConfigError(f"Mesh axis names must be identifiers, not {axis!r}.")
             if not (isinstance(size, int) and not isinstance(size, bool) and size >= 1):
-                raise ConfigError(f"Mesh axis {axis!r} needs a whole size of at least 1, not {size!r}.")
+                raise ConfigError(
+                    f"Mesh axis {axis!r} needs a whole size of at least 1, not {size!r}."
+                )
         spec = tuple(self.spec) if isinstance(self.spec, (tuple, list)) else (self.spec,)
         seen: set[str] = set()
         for entry in spec:
@@ -169,7 +172,7 @@ def pull(
                   functools.partial(replies.__setitem__, p))
             for p in range(count)
         ])
-        _check_defined(name, [p for p in sources if p not in errors and not replies[p][0]["defined"]])
+        _check_defined(name, _undefined(sources, replies, errors))
         _check_sent(name, {p: errors[p] for p in sources if p in errors})
         plan, refs = _plan(name, sources, replies, errors)
         session.shared = {p for p, reply in replies.items() if reply[0]["shared_memory"]}
@@ -201,8 +204,13 @@ def _check_name(name: str) -> None:
 def _check_defined(name: str, missing: list[int]) -> None:
     if missing:
         raise ConfigError(
-            f"{name!r} is not defined on {process_label(missing)}. Define it in a %%spmd cell first."
+            f"{name!r} is not defined on {process_label(missing)}. "
+            "Define it in a %%spmd cell first."
         )
+
+
+def _undefined(processes: Iterable[int], replies: dict[int, list], errors: dict) -> list[int]:
+    return sorted(p for p in processes if p not in errors and not replies[p][0]["defined"])
 
 
 def _check_sent(name: str, errors: dict[int, str]) -> None:
@@ -236,9 +244,9 @@ def _plan(
 
 
 def _check_global(
-    name: str, k: int, meta: dict, owners: set[int], replies: dict[int, list], errors: dict[int, str]
+    name: str, k: int, meta: dict, owners: set[int], replies: dict[int, list], errors: dict
 ) -> None:
-    _check_defined(name, sorted(p for p in owners if p not in errors and not replies[p][0]["defined"]))
+    _check_defined(name, _undefined(owners, replies, errors))
     _check_sent(name, {p: errors[p] for p in sorted(owners) if p in errors})
     differ = sorted(
         p for p in owners
@@ -271,7 +279,9 @@ def _fetch(session: _Session, name: str, plan: dict[Hashable, dict]) -> dict[Has
                 shared_jobs.setdefault(p, []).append((path, meta["k"], keys))
             else:
                 pieces += _pull_pieces(session.token, p, meta["k"], keys, out)
-    calls = [_Call(p, (engine.write_shards, session.token, jobs)) for p, jobs in shared_jobs.items()]
+    calls = [
+        _Call(p, (engine.write_shards, session.token, jobs)) for p, jobs in shared_jobs.items()
+    ]
     session.check(session.run(calls + pieces), f"pull {name!r}")
     return outputs
 
@@ -300,8 +310,6 @@ def _row_ranges(a: np.ndarray) -> Iterator[tuple[int, int]]:
 
 class _Unpickler(pickle.Unpickler):
     def __init__(self, data: Any, buffers: list, arrays: list) -> None:
-        import io
-
         super().__init__(io.BytesIO(data), buffers=buffers)
         self.arrays = arrays
 
@@ -419,13 +427,14 @@ class _Piece:
         self.slot: tuple[str, mmap.mmap] | None = None
 
     def request(self) -> tuple:
-        payload: Any = np.ascontiguousarray(self.rows)
         if self.process in self.session.shared:
             self.slot = self.session.files.slot(self.rows.nbytes)
         if self.slot is not None:
             path, mapping = self.slot
             np.ndarray(self.rows.shape, self.rows.dtype, buffer=mapping)[...] = self.rows
-            payload = path
+            payload: Any = path
+        else:
+            payload = np.ascontiguousarray(self.rows)
         return (engine.receive_piece, self.session.token, self.key, self.shard.shape,
                 self.shard.dtype, self.start, self.stop, payload)
 

@@ -307,7 +307,9 @@ class JaxClusterMagics(Magics):
 
     @magic_arguments()
     @argument("name", help="the variable on the processes.")
-    @argument("--to", default=None, metavar="LOCAL", help="the notebook variable to assign. Default: NAME.")
+    @argument(
+        "--to", default=None, metavar="LOCAL", help="the notebook variable to assign. Default: NAME."
+    )
     @argument(
         "--process", "-p", default=None, metavar="N",
         help="take the value from this process (jax.Arrays are assembled from all). Default 0.",

@@ -103,7 +103,9 @@ def test_push_a_plain_value(ready):
     config = {"lr": 3e-4, "layers": [128, 64], "mask": np.arange(6) % 2 == 0}
     transfer = ready.push("config", config)
     assert sorted(transfer.nbytes) == [0, 1, 2, 3]
-    assert on_engines(ready, "config['layers'], int(config['mask'].sum())") == ["([128, 64], 3)"] * 4
+    assert on_engines(ready, "config['layers'], int(config['mask'].sum())") == [
+        "([128, 64], 3)"
+    ] * 4
 
 
 @pytest.mark.parametrize("shared_memory", [True, False], ids=["dev-shm", "ipyparallel"])
@@ -117,7 +119,9 @@ def test_push_with_a_sharding_sends_each_process_its_slices(ready, shared_memory
     assert on_engines(
         ready, "batch.sharding.spec == P('data', 'model'), batch.is_fully_addressable"
     ) == ["(True, False)"] * 4
-    shards = on_engines(ready, "sorted((s.index[0].start, s.index[1].start) for s in batch.addressable_shards)")
+    shards = on_engines(
+        ready, "sorted((s.index[0].start, s.index[1].start) for s in batch.addressable_shards)"
+    )
     assert shards[1] == "[(8, 0), (8, 4)]"
     # a reduction over the global array sees every process's slices
     sums = on_engines(ready, "float(jax.jit(jax.numpy.sum)(batch))")
@@ -233,7 +237,9 @@ def test_mesh_and_spec_mistakes(mesh, spec, message):
 @pytest.fixture(scope="module")
 def ip():
     with magics_shell("start --nodes 4 --devices-per-node 2") as shell:
-        shell.run_cell_magic("spmd", "", SETUP + "x = make((8,), ('d',), P('d'))\nwho = jax.process_index()")
+        shell.run_cell_magic(
+            "spmd", "", SETUP + "x = make((8,), ('d',), P('d'))\nwho = jax.process_index()"
+        )
         yield shell
 
 
