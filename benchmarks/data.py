@@ -1,10 +1,10 @@
 """Issue 8: pull and push of a 512 MiB float32 array sharded over 8 devices on 4 processes.
 
-Measured side by side in one run, interleaved: ours (``cluster.pull`` / ``cluster.push``), the
-usual recipes (pull: ``multihost_utils.process_allgather`` on every process, then fetching the
-result from process 0 through ipyparallel; push: the whole array to every process through
-ipyparallel, then ``make_array_from_callback``), and a local copy of the same size, the limit on
-this machine. It all runs in a fresh child process, the "notebook", whose peak RSS is read from
+Measured side by side in one run, interleaved: ours (``cluster.pull`` / ``cluster.push``, and
+with ``shared_memory=False`` as for engines on other hosts), the usual recipes (pull:
+``multihost_utils.process_allgather`` on every process, then fetching the result from process 0
+through ipyparallel; push: the whole array to every process through ipyparallel, then
+``make_array_from_callback``), and a local copy of the same size, the limit on this machine. It all runs in a fresh child process, the "notebook", whose peak RSS is read from
 the kernel (VmHWM, reset before each measurement through /proc/self/clear_refs).
 """
 
@@ -81,9 +81,15 @@ def run(settings: Settings) -> Table:
         table.add(f"{op}: notebook peak RSS / array size (worst of {settings.repeat})",
                   f"{peak / nbytes:.2f}", f"{base_peak / nbytes:.2f}", ratio(peak, base_peak),
                   f"≤ {TARGET_PEAK:g}", peak / nbytes <= TARGET_PEAK)
+        network = median(r[f"{op}_network"])
+        table.add(f"{op} through ipyparallel only, as for engines on other hosts "
+                  f"(peak RSS / size {max(r[f'{op}_network_peak']) / nbytes:.2f})",
+                  seconds(network), seconds(base), ratio(network, base))
     table.notes += [
-        f"samples: pull ours {spread(r['pull_ours'])}, recipe {spread(r['pull_recipe'])}; "
-        f"push ours {spread(r['push_ours'])}, recipe {spread(r['push_recipe'])}.",
+        f"samples: pull ours {spread(r['pull_ours'])}, through ipyparallel only "
+        f"{spread(r['pull_network'])}, recipe {spread(r['pull_recipe'])}; push ours "
+        f"{spread(r['push_ours'])}, through ipyparallel only {spread(r['push_network'])}, "
+        f"recipe {spread(r['push_recipe'])}.",
         f"local copy: into new memory (`a.copy()`) {spread(r['copy_fresh'])}; into memory "
         f"already touched (`np.copyto`) {spread(r['copy_warm'])}.",
         f"ours went through /dev/shm for processes {r['shared_memory']} (engines on this host).",
@@ -144,8 +150,9 @@ def _child(size_mib: int, repeat: int, out: str) -> None:
     rows = size_mib * 2**20 // 4 // COLUMNS
     expected_rows = np.arange(rows, dtype=np.float32)
     r: dict = {k: [] for k in ("pull_ours", "pull_recipe", "pull_peak", "pull_recipe_peak",
-                               "push_ours", "push_recipe", "push_peak", "push_recipe_peak",
-                               "copy_fresh", "copy_warm")}
+                               "pull_network", "pull_network_peak", "push_ours", "push_recipe",
+                               "push_peak", "push_recipe_peak", "push_network",
+                               "push_network_peak", "copy_fresh", "copy_warm")}
     r["baseline_rss"] = _rss()
     cluster = JaxCluster(nodes=NODES, devices_per_node=DEVICES, platform="cpu")
     try:
@@ -161,6 +168,11 @@ def _child(size_mib: int, repeat: int, out: str) -> None:
             assert np.array_equal(pulled[:, -1], expected_rows), "pull: wrong values"
             r["shared_memory"] = sorted(transfer.shared_memory)
             del pulled
+            with _Peak() as network:
+                pulled, _ = data.pull(cluster, "x", shared_memory=False)
+                _touch(pulled)
+            assert np.array_equal(pulled[:, -1], expected_rows), "pull: wrong values"
+            del pulled
             with _Peak() as recipe:
                 cluster.run(RECIPE_PULL).check()
                 gathered = process0.pull("gathered", block=True)
@@ -173,6 +185,8 @@ def _child(size_mib: int, repeat: int, out: str) -> None:
             r["pull_recipe"].append(recipe.seconds)
             r["pull_peak"].append(ours.peak)
             r["pull_recipe_peak"].append(recipe.peak)
+            r["pull_network"].append(network.seconds)
+            r["pull_network_peak"].append(network.peak)
             log(f"pull {i + 1}/{repeat}: ours {ours.seconds:.2f} s, recipe {recipe.seconds:.2f} s")
 
             before = _rss()
@@ -180,6 +194,10 @@ def _child(size_mib: int, repeat: int, out: str) -> None:
             r["nbytes"] = source.nbytes
             with _Peak(before) as ours:
                 cluster.push("y", source, sharding)
+            assert cluster.run(CHECK_PUSHED).check().value(0) == "True", "push: wrong values"
+            cluster.run("del y").check()
+            with _Peak(before) as network:
+                cluster.push("y", source, sharding, shared_memory=False)
             assert cluster.run(CHECK_PUSHED).check().value(0) == "True", "push: wrong values"
             cluster.run("del y").check()
             with _Peak(before) as recipe:
@@ -192,6 +210,8 @@ def _child(size_mib: int, repeat: int, out: str) -> None:
             r["push_recipe"].append(recipe.seconds)
             r["push_peak"].append(ours.peak)
             r["push_recipe_peak"].append(recipe.peak)
+            r["push_network"].append(network.seconds)
+            r["push_network_peak"].append(network.peak)
             log(f"push {i + 1}/{repeat}: ours {ours.seconds:.2f} s, recipe {recipe.seconds:.2f} s")
 
             with _Peak() as fresh:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import ast
 import concurrent.futures
 import functools
+import gc
 import io
 import keyword
 import math
@@ -39,7 +40,7 @@ from .errors import ConfigError, JaxClusterError
 from .output import process_label
 
 PIECE_BYTES = 16 * 2**20
-IN_FLIGHT_BYTES = 128 * 2**20
+IN_FLIGHT_BYTES = 64 * 2**20
 WINDOW = 2  # calls queued on one engine: one running, the next one waiting
 SHARED_MEMORY_DIR = "/dev/shm"
 CLEANUP_SECONDS = 10.0
@@ -526,6 +527,7 @@ class _Session:
         self.transfer = Transfer()
         self.began = time.perf_counter()
         self._sent: list[str] = []
+        self._uncollected = 0  # bytes of handled replies not yet freed (see _collect)
 
     def __enter__(self) -> _Session:
         return self
@@ -539,6 +541,8 @@ class _Session:
         finally:
             self.files.close()
             self._forget(self._sent)
+            if self._uncollected:
+                gc.collect()
 
     def output(self, shape: tuple, dtype: Any, shared: bool) -> tuple[np.ndarray, str | None]:
         """A new array to fill; in /dev/shm (with its path) when ``shared`` and there is room."""
@@ -605,6 +609,18 @@ class _Session:
                     self._forget(ar.msg_ids)
                 if call.on_reply is not None:
                     call.on_reply(reply)
+                self._collect(reply.nbytes if isinstance(reply, np.ndarray) else 0)
+
+    def _collect(self, nbytes: int) -> None:
+        """Free the array replies handled so far once they add up to IN_FLIGHT_BYTES.
+
+        ipyparallel's futures hold each reply in a reference cycle, which only the cycle
+        collector frees; without this a pull through ipyparallel would hold every piece.
+        """
+        self._uncollected += nbytes
+        if self._uncollected >= IN_FLIGHT_BYTES:
+            self._uncollected = 0
+            gc.collect()
 
     def _send_more(self, queues: dict[int, deque[_Call]], running: dict[Any, _Call]) -> None:
         in_flight = sum(c.nbytes for c in running.values())
