@@ -8,8 +8,9 @@ process (or from each). Push: a value from here appears on every process; with a
 devices hold. A push is staged on every process and assigned only once all of them have it.
 
 Engines on this host write and read through files in /dev/shm, once, in parallel; others send
-through ipyparallel's zero-copy buffers in pieces of at most ``PIECE_BYTES``, never more than
-``IN_FLIGHT_BYTES`` on the way at once, so that the notebook holds little beyond the value.
+through ipyparallel's zero-copy buffers in pieces of at most ``PIECE_BYTES``, with a quarter of
+the data (at most ``IN_FLIGHT_BYTES``) on its way at once, so that the notebook holds little
+beyond the value.
 """
 
 from __future__ import annotations
@@ -453,7 +454,7 @@ class _Call:
     # (engine function, *args), or a function that makes them just before the call is sent
     request: tuple | Callable[[], tuple]
     on_reply: Callable[[Any], Any] | None = None
-    nbytes: int = 0  # data on its way while the call runs, counted against IN_FLIGHT_BYTES
+    nbytes: int = 0  # data on its way while the call runs (see _Session.run)
 
 
 class _SharedFiles:
@@ -528,6 +529,7 @@ class _Session:
         self.began = time.perf_counter()
         self._sent: list[str] = []
         self._uncollected = 0  # bytes of handled replies not yet freed (see _collect)
+        self._budget = IN_FLIGHT_BYTES  # bytes that may be on their way (see run)
 
     def __enter__(self) -> _Session:
         return self
@@ -573,14 +575,17 @@ class _Session:
     def run(self, calls: list[_Call], stall: float | None = None) -> dict[int, str]:
         """Send the calls, each process's in order, and hand each reply to its ``on_reply``.
 
-        At most WINDOW calls wait on one engine and IN_FLIGHT_BYTES are on their way at once.
-        After a failure nothing more is sent. Returns each failed process's error; a process
-        that does not answer within ``stall`` seconds (default: the cluster's timeout) fails.
+        At most WINDOW calls wait on one engine, and a quarter of the data (at most
+        IN_FLIGHT_BYTES) is on its way at once. After a failure nothing more is sent. Returns
+        each failed process's error; a process that does not answer within ``stall`` seconds
+        (default: the cluster's timeout) fails.
         """
         stall = self.cluster.timeout if stall is None else stall
         queues: dict[int, deque[_Call]] = {}
         for call in calls:
             queues.setdefault(call.process, deque()).append(call)
+        sizes = [call.nbytes for call in calls] or [0]
+        self._budget = min(IN_FLIGHT_BYTES, max(sum(sizes) // 4, max(sizes)))
         running: dict[Any, _Call] = {}
         errors: dict[int, str] = {}
         while True:
@@ -612,13 +617,13 @@ class _Session:
                 self._collect(reply.nbytes if isinstance(reply, np.ndarray) else 0)
 
     def _collect(self, nbytes: int) -> None:
-        """Free the array replies handled so far once they add up to IN_FLIGHT_BYTES.
+        """Free the array replies handled so far once they add up to what may be on its way.
 
         ipyparallel's futures hold each reply in a reference cycle, which only the cycle
         collector frees; without this a pull through ipyparallel would hold every piece.
         """
         self._uncollected += nbytes
-        if self._uncollected >= IN_FLIGHT_BYTES:
+        if self._uncollected >= self._budget:
             self._uncollected = 0
             gc.collect()
 
@@ -634,7 +639,7 @@ class _Session:
                 if not queue or waiting[p] >= WINDOW:
                     continue
                 call = queue[0]
-                if running and in_flight + call.nbytes > IN_FLIGHT_BYTES:
+                if running and in_flight + call.nbytes > self._budget:
                     return
                 queue.popleft()
                 request = call.request() if callable(call.request) else call.request
