@@ -11,6 +11,8 @@ It all runs in a fresh child process, the "notebook", whose peak RSS is read fro
 
 from __future__ import annotations
 
+import ctypes
+import gc
 import json
 import os
 import subprocess
@@ -69,7 +71,7 @@ def run(settings: Settings) -> Table:
             r = json.load(f)
     track(r["cluster_id"])
     nbytes = r["nbytes"]
-    for op in ("push_peak", "push_recipe_peak", "push_network_peak"):
+    for op in ("push_ours_peak", "push_recipe_peak", "push_network_peak"):
         r[op] = [nbytes + extra for extra in r[op]]  # the notebook holds the array to push
     for op, recipe in (("pull", "process_allgather + fetch from process 0"),
                        ("push", "whole array to every process + make_array_from_callback")):
@@ -80,7 +82,7 @@ def run(settings: Settings) -> Table:
         copy = median(r["copy_fresh"])
         table.add(f"{op}: speed as a fraction of a local {size_mib} MiB copy into new memory",
                   seconds(ours), seconds(copy), f"{copy / ours:.2f}")
-        peak, base_peak = max(r[f"{op}_peak"]), max(r[f"{op}_recipe_peak"])
+        peak, base_peak = max(r[f"{op}_ours_peak"]), max(r[f"{op}_recipe_peak"])
         table.add(f"{op}: notebook peak RSS / array size (worst of {settings.repeat})",
                   f"{peak / nbytes:.2f}", f"{base_peak / nbytes:.2f}", ratio(peak, base_peak),
                   f"≤ {TARGET_PEAK:g}", peak / nbytes <= TARGET_PEAK)
@@ -96,6 +98,8 @@ def run(settings: Settings) -> Table:
         f"local copy: into new memory (`a.copy()`) {spread(r['copy_fresh'])}; into memory "
         f"already touched (`np.copyto`) {spread(r['copy_warm'])}.",
         f"ours went through /dev/shm for processes {r['shared_memory']} (engines on this host).",
+        "A first round of everything warms up (imports on the engines, XLA compiles) and is "
+        "not counted.",
         "Pull times include reading one value per page of the result, for both (our result "
         "lives in shared memory that the engines wrote).",
         "Peak RSS is the notebook's VmHWM minus its RSS before the operation; for push, plus "
@@ -124,6 +128,9 @@ class _Peak:
     """Time, and peak RSS above the RSS at the start of the block."""
 
     def __enter__(self) -> _Peak:
+        # garbage and free heap left by the previous measurement would hide this one's growth
+        gc.collect()
+        ctypes.CDLL(None).malloc_trim(0)
         with open("/proc/self/clear_refs", "w") as f:
             f.write("5")  # resets VmHWM to the current RSS
         self.since = _rss()
@@ -148,11 +155,13 @@ def _child(size_mib: int, repeat: int, out: str) -> None:
 
     rows = size_mib * 2**20 // 4 // COLUMNS
     expected_rows = np.arange(rows, dtype=np.float32)
-    r: dict = {k: [] for k in ("pull_ours", "pull_recipe", "pull_peak", "pull_recipe_peak",
-                               "pull_network", "pull_network_peak", "push_ours", "push_recipe",
-                               "push_peak", "push_recipe_peak", "push_network",
-                               "push_network_peak", "copy_fresh", "copy_warm")}
-    r["baseline_rss"] = _rss()
+    r: dict = {"baseline_rss": _rss()}
+
+    def record(name: str, measured: _Peak, warm_up: bool) -> None:
+        if not warm_up:
+            r.setdefault(name, []).append(measured.seconds)
+            r.setdefault(f"{name}_peak", []).append(measured.peak)
+
     cluster = JaxCluster(nodes=NODES, devices_per_node=DEVICES, platform="cpu")
     try:
         cluster.start()
@@ -160,18 +169,16 @@ def _child(size_mib: int, repeat: int, out: str) -> None:
         cluster.run(MAKE.format(rows=rows, columns=COLUMNS)).check()
         process0 = cluster.client[cluster.engine_ids[0]]
         sharding = MeshSharding({"d": NODES * DEVICES}, ("d",))
-        for i in range(repeat):
-            with _Peak() as ours:
-                pulled, transfer = data.pull(cluster, "x")
-                _touch(pulled)
-            assert np.array_equal(pulled[:, -1], expected_rows), "pull: wrong values"
-            r["shared_memory"] = sorted(transfer.shared_memory)
-            del pulled
-            with _Peak() as network:
-                pulled, _ = data.pull(cluster, "x", shared_memory=False)
-                _touch(pulled)
-            assert np.array_equal(pulled[:, -1], expected_rows), "pull: wrong values"
-            del pulled
+        # round 0 warms up (imports on the engines, XLA compiles) and is not counted
+        for i in range(repeat + 1):
+            for name, shared_memory in (("pull_ours", True), ("pull_network", False)):
+                with _Peak() as ours:
+                    pulled, transfer = data.pull(cluster, "x", shared_memory=shared_memory)
+                    _touch(pulled)
+                assert np.array_equal(pulled[:, -1], expected_rows), "pull: wrong values"
+                del pulled
+                record(name, ours, i == 0)
+                r.setdefault("shared_memory", sorted(transfer.shared_memory))
             with _Peak() as recipe:
                 cluster.run(RECIPE_PULL).check()
                 gathered = process0.pull("gathered", block=True)
@@ -180,37 +187,25 @@ def _child(size_mib: int, repeat: int, out: str) -> None:
             del gathered
             cluster.run("del gathered").check()
             cluster.client.purge_local_results("all")  # ipyparallel keeps every reply
-            r["pull_ours"].append(ours.seconds)
-            r["pull_recipe"].append(recipe.seconds)
-            r["pull_peak"].append(ours.peak)
-            r["pull_recipe_peak"].append(recipe.peak)
-            r["pull_network"].append(network.seconds)
-            r["pull_network_peak"].append(network.peak)
-            log(f"pull {i + 1}/{repeat}: ours {ours.seconds:.2f} s, recipe {recipe.seconds:.2f} s")
+            record("pull_recipe", recipe, i == 0)
+            log(f"pull {i}/{repeat} done (0: warm-up)")
 
             source = np.repeat(expected_rows[:, None], COLUMNS, axis=1)
             r["nbytes"] = source.nbytes
-            with _Peak() as ours:
-                cluster.push("y", source, sharding)
-            assert cluster.run(CHECK_PUSHED).check().value(0) == "True", "push: wrong values"
-            cluster.run("del y").check()
-            with _Peak() as network:
-                cluster.push("y", source, sharding, shared_memory=False)
-            assert cluster.run(CHECK_PUSHED).check().value(0) == "True", "push: wrong values"
-            cluster.run("del y").check()
+            for name, shared_memory in (("push_ours", True), ("push_network", False)):
+                with _Peak() as ours:
+                    cluster.push("y", source, sharding, shared_memory=shared_memory)
+                assert cluster.run(CHECK_PUSHED).check().value(0) == "True", "push: wrong"
+                cluster.run("del y").check()
+                record(name, ours, i == 0)
             with _Peak() as recipe:
                 cluster.view.push({"full": source}, block=True)
                 cluster.run(RECIPE_PUSH).check()
             assert cluster.run(CHECK_PUSHED).check().value(0) == "True", "recipe push: wrong"
             cluster.run("del y, full").check()
             cluster.client.purge_local_results("all")
-            r["push_ours"].append(ours.seconds)
-            r["push_recipe"].append(recipe.seconds)
-            r["push_peak"].append(ours.peak)
-            r["push_recipe_peak"].append(recipe.peak)
-            r["push_network"].append(network.seconds)
-            r["push_network_peak"].append(network.peak)
-            log(f"push {i + 1}/{repeat}: ours {ours.seconds:.2f} s, recipe {recipe.seconds:.2f} s")
+            record("push_recipe", recipe, i == 0)
+            log(f"push {i}/{repeat} done")
 
             with _Peak() as fresh:
                 copied = source.copy()
@@ -219,8 +214,8 @@ def _child(size_mib: int, repeat: int, out: str) -> None:
             with _Peak() as warm:
                 np.copyto(target, source)
             del source, copied, target
-            r["copy_fresh"].append(fresh.seconds)
-            r["copy_warm"].append(warm.seconds)
+            record("copy_fresh", fresh, i == 0)
+            record("copy_warm", warm, i == 0)
     finally:
         cluster.stop()
     with open(out, "w") as f:
