@@ -84,7 +84,9 @@ class MeshSharding:
                 raise ConfigError(
                     f"Mesh axis {axis!r} needs a whole size of at least 1, not {size!r}."
                 )
-        spec = tuple(self.spec) if isinstance(self.spec, (tuple, list)) else (self.spec,)
+        # a tuple, a list or a jax PartitionSpec; lists inside (e.g. from JSON) are axis groups
+        entries = (self.spec,) if self.spec is None or isinstance(self.spec, str) else self.spec
+        spec = tuple(tuple(e) if isinstance(e, list) else e for e in entries)
         seen: set[str] = set()
         for entry in spec:
             for axis in entry if isinstance(entry, tuple) else () if entry is None else (entry,):

@@ -221,6 +221,12 @@ def test_mesh_and_spec_syntax(mesh, spec, expected):
     assert (parsed.mesh, parsed.spec) == expected
 
 
+def test_a_partition_spec_works_as_the_spec():
+    from jax.sharding import PartitionSpec as P
+
+    assert MeshSharding({"a": 2, "b": 4}, P(("a", "b"), None)).spec == (("a", "b"), None)
+
+
 @pytest.mark.parametrize("mesh, spec, message", [
     ("data8", "data", "write each axis as NAME=SIZE"),
     ("data=8", "model", "'model', which is not an axis of the mesh data=8"),
