@@ -1,6 +1,6 @@
 """Benchmarks of jaxcluster against the hand-rolled ipyparallel recipes it replaces.
 
-Run ``python -m benchmarks [startup] [spmd] [--repeat N] [--quick]``; each benchmark writes a
+Run ``python -m benchmarks [startup] [spmd] [data] [--repeat N] [--quick]``; each benchmark writes a
 Markdown table to ``bench-results/<name>.md`` and ``bench-results/summary.md`` collects them.
 """
 

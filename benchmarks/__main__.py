@@ -1,8 +1,9 @@
-"""``python -m benchmarks [startup] [spmd] [--repeat N] [--pairs N] [--quick]``."""
+"""``python -m benchmarks [startup] [spmd] [data] [--repeat N] [--pairs N] [--quick]``."""
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 import time
 import traceback
@@ -10,15 +11,11 @@ import traceback
 from . import _common
 from ._common import Settings, Table, kill_leftovers, leftover_processes, log
 
-BENCHMARKS = ("startup", "spmd")
+BENCHMARKS = ("startup", "spmd", "data")
 
 
 def _load(name: str):
-    if name == "startup":
-        from . import startup as module
-    else:
-        from . import spmd as module
-    return module
+    return importlib.import_module(f".{name}", __package__)
 
 
 def _parse(argv: list[str]) -> tuple[list[str], Settings]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from .cluster import JaxCluster, ProcessInfo, ProcessStatus
+from .data import MeshSharding, Transfer
 from .errors import ConfigError, JaxClusterError, NoClusterError, SPMDError
 from .sharding import show_sharding
 
@@ -12,10 +13,12 @@ __all__ = [
     "ConfigError",
     "JaxCluster",
     "JaxClusterError",
+    "MeshSharding",
     "NoClusterError",
     "ProcessInfo",
     "ProcessStatus",
     "SPMDError",
+    "Transfer",
     "show_sharding",
     "load_ipython_extension",
     "unload_ipython_extension",

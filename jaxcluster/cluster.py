@@ -459,6 +459,30 @@ class JaxCluster:
                 f"{_remote_message(e)}. Is it a jax.Array?"
             ) from None
 
+    def pull(self, name: str, process: int | str = 0, shared_memory: bool = True) -> Any:
+        """The engines' variable ``name`` as a value here; jax.Arrays arrive as NumPy arrays.
+
+        ``process``: whose value to take (an index, or ``"all"`` for a list by process);
+        global arrays are assembled from every process's shards either way. See ``data.pull``.
+        """
+        from .data import pull
+
+        self._require_running()
+        return pull(self, name, process, shared_memory)[0]
+
+    def push(
+        self, name: str, value: Any, sharding: Any = None, shared_memory: bool = True
+    ) -> Any:
+        """Assign ``value`` to ``name`` on every process, or on none; returns a ``Transfer``.
+
+        With ``sharding=MeshSharding(mesh, spec)`` the value becomes a global jax.Array and each
+        process receives only the slices its devices hold. See ``data.push``.
+        """
+        from .data import push
+
+        self._require_running()
+        return push(self, name, value, sharding, shared_memory)
+
     def dead_processes(self) -> dict[int, str]:
         """Process index -> how it died, for processes whose engine is gone."""
         exit_codes = self._engine_exit_codes()

@@ -136,7 +136,9 @@ def _plan_local(request: LaunchRequest) -> LaunchPlan:
 
 
 def _controller_args() -> list[str]:
-    return ["--usethreads", f"--HeartMonitor.period={HEARTBEAT_MS}"]
+    # --nodb: the hub would keep a copy of every message's buffers (up to 1 GiB), i.e. of
+    # every array pulled or pushed through ipyparallel
+    return ["--usethreads", "--nodb", f"--HeartMonitor.period={HEARTBEAT_MS}"]
 
 
 def _plan_ssh(request: LaunchRequest) -> LaunchPlan:

@@ -9,6 +9,7 @@ from IPython.core.magic import Magics, cell_magic, line_magic, magics_class, no_
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
 from .cluster import PLATFORMS, JaxCluster
+from .data import MeshSharding
 from .display import LiveCell, StartProgress, show, show_bundle
 from .render.devices import render_devices_html, render_devices_text
 from .sharding import SHARDING_MIME
@@ -371,6 +372,90 @@ class JaxClusterMagics(Magics):
             raise UsageError("--process takes one process index (e.g. --process 0).")
         _show_sharding(cluster.array_layout(args.name, process[0]))
 
+    @magic_arguments()
+    @argument("name", help="the variable on the processes.")
+    @argument(
+        "--to", default=None, metavar="LOCAL", help="the notebook variable to assign. Default: NAME."
+    )
+    @argument(
+        "--process", "-p", default=None, metavar="N",
+        help="take the value from this process (jax.Arrays are assembled from all). Default 0.",
+    )
+    @argument(
+        "--all", action="store_true",
+        help="take every process's value: a list indexed by process.",
+    )
+    @line_magic
+    @_usage_errors
+    def spmd_pull(self, line: str) -> None:
+        """Copy the processes' variable NAME into the notebook.
+
+        A jax.Array, also inside lists, dicts and other pytrees, arrives as one NumPy array
+        assembled from the processes' shards, each distinct shard sent once, even when no
+        process holds the whole array. Other values come from process 0, from --process N, or
+        from every process with --all.
+
+        Examples::
+
+            %spmd_pull losses
+            %spmd_pull params --to p
+            %spmd_pull step_time --all
+        """
+        args = parse_argstring(self.spmd_pull, line)
+        cluster = self.require_cluster()
+        if args.all and args.process is not None:
+            raise UsageError("Use --process N or --all, not both.")
+        process: int | str = "all" if args.all else 0
+        if args.process is not None:
+            chosen = _process_spec(args.process, cluster, "--process")
+            if len(chosen) != 1:
+                raise UsageError("--process takes one process index (e.g. --process 0); "
+                                 "use --all for every process.")
+            process = chosen[0]
+        target = _local_name(args.to or args.name, "--to")
+        self.shell.user_ns[target] = cluster.pull(args.name, process)
+
+    @magic_arguments()
+    @argument("name", help="the variable to assign on every process.")
+    @argument("--from", dest="source", default=None, metavar="LOCAL",
+              help="the notebook variable to send. Default: NAME.")
+    @argument(
+        "--mesh", default=None, metavar="AXES",
+        help="a mesh over all global devices, in jax.devices() order: NAME=SIZE per axis, "
+        "e.g. --mesh data=4,model=2. Needs --spec.",
+    )
+    @argument(
+        "--spec", default=None, metavar="SPEC",
+        help="the PartitionSpec on that mesh, one entry per dimension: an axis, None, or "
+        "axes joined by +, e.g. --spec data,None. Needs --mesh.",
+    )
+    @line_magic
+    @_usage_errors
+    def spmd_push(self, line: str) -> None:
+        """Send a notebook value to every process as NAME (on all of them, or on none).
+
+        Without --mesh/--spec every process receives the whole value. With them the value
+        (array-like) becomes a global jax.Array with that sharding, and each process receives
+        only the slices its devices hold.
+
+        Examples::
+
+            %spmd_push config
+            %spmd_push batch --mesh data=8 --spec data
+            %spmd_push w --from w_init --mesh data=4,model=2 --spec None,model
+        """
+        args = parse_argstring(self.spmd_push, line)
+        cluster = self.require_cluster()
+        if (args.mesh is None) != (args.spec is None):
+            raise UsageError("--mesh and --spec go together, e.g. --mesh data=8 --spec data.")
+        source = _local_name(args.source or args.name, "--from")
+        if source not in self.shell.user_ns:
+            raise UsageError(f"{source!r} is not defined in the notebook.")
+        sharding = None
+        if args.mesh is not None:
+            sharding = MeshSharding.parse(_unquote(args.mesh), _unquote(args.spec))
+        cluster.push(args.name, self.shell.user_ns[source], sharding)
+
     def stop_all(self) -> None:
         if self.cluster is not None:
             self.cluster.stop()
@@ -382,6 +467,19 @@ def _process_spec(spec: str, cluster: JaxCluster, option: str) -> list[int]:
         return parse_process_spec(spec, len(cluster.processes))
     except ValueError as e:
         raise UsageError(f"{option}: {e}") from None
+
+
+def _unquote(text: str) -> str:
+    # magic_arguments splits like a Windows shell: quotes around a value stay in it
+    if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"":
+        return text[1:-1]
+    return text
+
+
+def _local_name(name: str, option: str) -> str:
+    if not name.isidentifier():
+        raise UsageError(f"{option} takes a variable name, not {name!r}.")
+    return name
 
 
 def _show_sharding(layout: dict) -> None:

@@ -21,7 +21,9 @@ def test_docs_build_in_strict_mode(tmp_path):
     assert (tmp_path / "magics" / "index.html").exists()
 
 
-@pytest.mark.parametrize("magic", ["jax_cluster", "spmd", "jax_devices", "jax_sharding"])
+@pytest.mark.parametrize(
+    "magic", ["jax_cluster", "spmd", "jax_devices", "jax_sharding", "spmd_pull", "spmd_push"]
+)
 def test_reference_names_every_option_of_the_help(magic):
     from jaxcluster.magics import JaxClusterMagics
 

@@ -1,0 +1,197 @@
+"""The engine side of pull and push (see ``data.py``): runs inside each JAX process.
+
+One pull or push is a few calls that share a token; what a call leaves for the next one is held
+in ``_held[token]`` until ``release(token)`` or ``commit(token, name)``. Data goes either through
+ipyparallel's zero-copy buffers or, for engines on the notebook's host, through files the
+notebook made in /dev/shm (``path`` arguments). Imported by the notebook too, for the helpers.
+"""
+
+from __future__ import annotations
+
+import io
+import mmap
+import os
+import pickle
+import sys
+from typing import Any
+
+import numpy as np
+
+from .layout import _normalize_index as index_key
+
+# token -> a pull's arrays (list), a push's received shards (dict) or its finished value
+_held: dict[str, Any] = {}
+
+Key = tuple[tuple[int, int], ...]
+
+
+def _namespace() -> dict[str, Any]:
+    # ipyparallel runs engine code in the __main__ module's namespace: the user's variables
+    return sys.modules["__main__"].__dict__
+
+
+def slices(key: Key) -> Any:
+    """The numpy index of a shard key; ``...`` for a 0-d array, whose ``[()]`` would copy."""
+    return tuple(slice(start, stop) for start, stop in key) or ...
+
+
+def rows(a: np.ndarray) -> np.ndarray:
+    """A view with at least one dimension, so that pieces are always ranges of rows."""
+    return a.reshape(1) if a.ndim == 0 else a
+
+
+def mapped(path: str, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
+    """The file at ``path`` as an array; the mapping lives as long as the array."""
+    with open(path, "r+b") as f:
+        return np.ndarray(shape, dtype, buffer=mmap.mmap(f.fileno(), 0))
+
+
+# -- pull ----------------------------------------------------------------------------------
+
+
+class _Pickler(pickle.Pickler):
+    """Pickles a value with its jax.Arrays left out, as references into ``self.arrays``."""
+
+    def __init__(self, file: Any, buffers: list) -> None:
+        super().__init__(file, protocol=5, buffer_callback=buffers.append)
+        self.arrays: list = []
+        self._seen: dict[int, int] = {}
+        import jax
+
+        self._array_type = jax.Array
+
+    def persistent_id(self, obj: Any) -> int | None:
+        if not isinstance(obj, self._array_type):
+            return None
+        if id(obj) not in self._seen:
+            self._seen[id(obj)] = len(self.arrays)
+            self.arrays.append(obj)
+        return self._seen[id(obj)]
+
+
+class _Discard:
+    def write(self, data: Any) -> int:
+        return len(data)
+
+
+def _describe_array(a: Any) -> dict[str, Any]:
+    """Shape, dtype and, for each distinct shard, the lowest process that holds it."""
+    owners: dict[Key, int] = {}
+    for device, index in a.sharding.devices_indices_map(a.shape).items():
+        key = index_key(index, a.shape)
+        owners[key] = min(owners.get(key, device.process_index), device.process_index)
+    return {"shape": tuple(a.shape), "dtype": np.dtype(a.dtype), "owners": owners}
+
+
+def describe(name: str, token: str, send_value: bool, probe: str | None) -> list:
+    """``[info, pickled value, *its buffers]`` of the variable ``name``, its arrays held.
+
+    ``info``: whether ``name`` is defined, whether ``probe`` exists here (same host as the
+    notebook) and a description of each jax.Array in the value. Processes that only serve
+    shards (``send_value`` false) pickle into nothing, to find the same arrays in the same order.
+    """
+    info = {"defined": name in _namespace(), "shared_memory": bool(probe and os.path.exists(probe))}
+    if not info["defined"]:
+        return [info]
+    buffers: list = []
+    file: Any = io.BytesIO() if send_value else _Discard()
+    pickler = _Pickler(file, buffers)
+    pickler.dump(_namespace()[name])
+    _held[token] = pickler.arrays
+    info["arrays"] = [_describe_array(a) for a in pickler.arrays]
+    if not send_value:
+        return [info]
+    return [info, file.getbuffer(), *(b.raw() for b in buffers)]
+
+
+def _shard(token: str, k: int, key: Key) -> np.ndarray:
+    array = _held[token][k]
+    for shard in array.addressable_shards:
+        if index_key(shard.index, array.shape) == key:
+            return np.asarray(shard.data)
+    raise KeyError(f"no shard {key} of array {k} on this process")
+
+
+def write_shards(token: str, jobs: list[tuple[str, int, list[Key]]]) -> int:
+    """Write shards into the notebook's output files: ``(path, array, shard keys)`` each."""
+    written = 0
+    for path, k, keys in jobs:
+        array = _held[token][k]
+        out = mapped(path, array.shape, array.dtype)
+        for key in keys:
+            data = _shard(token, k, key)
+            out[slices(key)] = data
+            written += data.nbytes
+    return written
+
+
+def read_piece(token: str, k: int, key: Key, start: int, stop: int) -> np.ndarray:
+    """Rows ``start:stop`` of one shard, contiguous so that ipyparallel sends it without a copy."""
+    return np.ascontiguousarray(rows(_shard(token, k, key))[start:stop])
+
+
+def release(token: str) -> None:
+    _held.pop(token, None)
+
+
+# -- push ----------------------------------------------------------------------------------
+
+
+def named_sharding(mesh: list[tuple[str, int]], spec: tuple) -> Any:
+    """A NamedSharding over a mesh of all global devices, in ``jax.devices()`` order."""
+    import jax
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+    devices = np.array(jax.devices()).reshape([size for _, size in mesh])
+    return NamedSharding(Mesh(devices, [axis for axis, _ in mesh]), PartitionSpec(*spec))
+
+
+def index_map(shape: tuple[int, ...], mesh: list[tuple[str, int]], spec: tuple) -> list:
+    """``(process index, shard key)`` of every global device: metadata only."""
+    sharding = named_sharding(mesh, spec)
+    sharding.shard_shape(shape)  # JAX's own check that the spec fits the shape
+    return [
+        (device.process_index, index_key(index, shape))
+        for device, index in sharding.devices_indices_map(shape).items()
+    ]
+
+
+def begin(token: str, probe: str | None) -> bool:
+    """Start receiving a push; whether ``probe`` exists here (same host as the notebook)."""
+    _held[token] = {}
+    return bool(probe and os.path.exists(probe))
+
+
+def receive_piece(
+    token: str, key: Key, shape: tuple[int, ...], dtype: Any, start: int, stop: int, payload: Any
+) -> None:
+    """Copy rows ``start:stop`` of the shard ``key`` (of ``shape``) into place.
+
+    ``payload`` is the rows as an array, or the path of a /dev/shm file that holds them.
+    """
+    shards = _held[token]
+    if key not in shards:
+        shards[key] = np.empty(shape, dtype)
+    target = rows(shards[key])[start:stop]
+    if isinstance(payload, str):
+        payload = mapped(payload, target.shape, dtype)
+    target[...] = payload
+
+
+def assemble(token: str, shape: tuple[int, ...], mesh: list[tuple[str, int]], spec: tuple) -> None:
+    """Build the global jax.Array from the received shards; it waits for ``commit``."""
+    import jax
+
+    shards = _held[token]
+    _held[token] = jax.make_array_from_callback(
+        shape, named_sharding(mesh, spec), lambda index: shards[index_key(index, shape)]
+    )
+
+
+def stage_value(token: str, payload: Any, *buffers: Any) -> None:
+    """Unpickle a pushed value; it waits for ``commit``."""
+    _held[token] = pickle.loads(payload, buffers=buffers)
+
+
+def commit(token: str, name: str) -> None:
+    _namespace()[name] = _held.pop(token)
