@@ -11,7 +11,7 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 from .cluster import PLATFORMS, JaxCluster
 from .data import MeshSharding
 from .display import LiveCell, StartProgress, show, show_bundle
-from .render.devices import render_devices_html, render_devices_text
+from .render.devices import format_bytes, render_devices_html, render_devices_text
 from .sharding import SHARDING_MIME
 from .errors import ConfigError, NoClusterError, SPMDError
 from .launchers import LAUNCHERS
@@ -413,7 +413,9 @@ class JaxClusterMagics(Magics):
                                  "use --all for every process.")
             process = chosen[0]
         target = _local_name(args.to or args.name, "--to")
-        self.shell.user_ns[target] = cluster.pull(args.name, process)
+        value = cluster.pull(args.name, process)
+        self.shell.user_ns[target] = value
+        print(f"Pulled {args.name} into {target}: {_summary(value)}.")
 
     @magic_arguments()
     @argument("name", help="the variable to assign on every process.")
@@ -454,7 +456,10 @@ class JaxClusterMagics(Magics):
         sharding = None
         if args.mesh is not None:
             sharding = MeshSharding.parse(_unquote(args.mesh), _unquote(args.spec))
-        cluster.push(args.name, self.shell.user_ns[source], sharding)
+        value = self.shell.user_ns[source]
+        cluster.push(args.name, value, sharding)
+        how = f", sharded {args.spec} over mesh {args.mesh}" if sharding is not None else ""
+        print(f"Pushed {source} to every process as {args.name}: {_summary(value)}{how}.")
 
     def stop_all(self) -> None:
         if self.cluster is not None:
@@ -501,6 +506,18 @@ def _unquote(value: str | None) -> str | None:
     if value and len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
         return value[1:-1]
     return value
+
+
+def _is_array(value: Any) -> bool:
+    return hasattr(value, "shape") and hasattr(value, "dtype") and hasattr(value, "nbytes")
+
+
+def _summary(value: Any) -> str:
+    """``float32[8,6], 192 B`` for an array, else the value's type."""
+    if _is_array(value):
+        shape = ",".join(str(n) for n in value.shape)
+        return f"{value.dtype}[{shape}], {format_bytes(int(value.nbytes))}"
+    return type(value).__name__
 
 
 def _seconds(value: str, option: str) -> float:

@@ -249,19 +249,24 @@ def ip():
         yield shell
 
 
-def test_pull_magic(ip):
+def test_pull_magic(ip, capsys):
     ip.run_line_magic("spmd_pull", "x --to local_x")
     np.testing.assert_array_equal(ip.user_ns["local_x"], FULL)
+    assert capsys.readouterr().out == "Pulled x into local_x: float32[64,6], 1.5 KiB.\n"
     ip.run_line_magic("spmd_pull", "who --all")
     assert ip.user_ns["who"] == [0, 1, 2, 3]
     ip.run_line_magic("spmd_pull", "who -p 2 --to who2")
     assert ip.user_ns["who2"] == 2
 
 
-def test_push_magic(ip):
+def test_push_magic(ip, capsys):
     cluster = ip.magics_manager.registry["JaxClusterMagics"].cluster
     ip.user_ns["batch_np"] = FULL * 2
     ip.run_line_magic("spmd_push", "batch --from batch_np --mesh data=4,model=2 --spec data,model")
+    assert capsys.readouterr().out == (
+        "Pushed batch_np to every process as batch: float32[64,6], 1.5 KiB, "
+        "sharded data,model over mesh data=4,model=2.\n"
+    )
     assert on_engines(cluster, "batch.sharding.spec == P('data', 'model'), float(batch.sum())") == [
         f"(True, {float(FULL.sum() * 2)})"
     ] * 4

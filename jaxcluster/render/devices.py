@@ -38,11 +38,11 @@ def _cell(key: str, value: Any) -> str:
     if key == "coords":
         return "(" + ", ".join(str(c) for c in value) + ")"
     if key == "memory":
-        return _bytes(int(value))
+        return format_bytes(int(value))
     return str(value)
 
 
-def _bytes(n: int) -> str:
+def format_bytes(n: int) -> str:
     units = ("B", "KiB", "MiB", "GiB", "TiB")
     size, unit = float(n), 0
     while size >= 1024 and unit < len(units) - 1:
