@@ -37,13 +37,21 @@ def process_label(indices: Iterable[int]) -> str:
 
 
 # The runtime's own chatter, not the user's output: gloo announces every connection it makes.
-# Not anchored to a line start: gloo writes when a collective first runs, which can be in the
-# middle of a print that is formatting that collective's result.
-NOISE = re.compile(r"\[Gloo\] Rank \d+ is connected to \d+ peer ranks\..*\n?")
+# It writes from the devices' threads while the cell runs, so its messages can land in the
+# middle of a printed line, and two of them can run together before their newlines follow.
+NOISE = re.compile(
+    r"((?:\[Gloo\] Rank \d+ is connected to \d+ peer ranks\. "
+    r"Expected number of connected peer ranks is : \d+)+)(\n*)"
+)
+
+
+def _drop_noise(match: re.Match) -> str:
+    # each message brings one newline; the others in the run are the user's
+    return match[2][match[1].count("[Gloo]"):]
 
 
 def clean_stream(text: str) -> str:
-    return NOISE.sub("", text)
+    return NOISE.sub(_drop_noise, text)
 
 
 def parse_process_spec(spec: str, count: int) -> list[int]:
