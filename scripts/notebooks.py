@@ -1,7 +1,7 @@
 """Run the tutorial notebooks headless.
 
-    python scripts/notebooks.py execute [NOTEBOOK ...]   # refresh the committed outputs (make notebooks)
-    python scripts/notebooks.py demo [NOTEBOOK]          # run the quick start, print it (make demo)
+    python scripts/notebooks.py execute [NOTEBOOK ...]  # save fresh outputs (make notebooks)
+    python scripts/notebooks.py demo [NOTEBOOK]         # run the quick start, print it (make demo)
 
 Both run the notebooks' own kernel (Python 3, this environment's) with IPP_NONINTERACTIVE=1, as
 ``make test`` does; cells tagged ``raises-exception`` may fail, any other failure stops the run.
