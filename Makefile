@@ -17,9 +17,10 @@ system-deps:
 	bash scripts/install-system-deps.sh
 
 # The JAX Cluster kernel starts a local default cluster (4 processes x 2 CPU devices).
+# Containers often run as root, where JupyterLab refuses to start without --allow-root.
 lab: $(STAMP)
 	cd notebooks && JAXCLUSTER_NODES=$${JAXCLUSTER_NODES:-4} ../$(VENV)/bin/jupyter lab \
-		--no-browser --ServerApp.ip=127.0.0.1
+		--no-browser --ServerApp.ip=127.0.0.1 $$([ "$$(id -u)" = 0 ] && echo --allow-root)
 
 test: $(STAMP) system-deps
 	IPP_NONINTERACTIVE=1 $(PY) -m pytest

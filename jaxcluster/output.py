@@ -37,17 +37,21 @@ def process_label(indices: Iterable[int]) -> str:
 
 
 # The runtime's own chatter, not the user's output: gloo announces every connection it makes.
-# Not anchored to a line: gloo writes when a collective first runs, which can be in the middle
-# of a print formatting that collective's result, and one thread per local device writes, so
-# two announcements can interleave.
-GLOO_PARTS = re.compile(
-    r"\[Gloo\] Rank \d+ is connected to "
-    r"|\d+ peer ranks\. Expected number of connected peer ranks is : \d+\n?"
+# It writes from the devices' threads while the cell runs, so its messages can land in the
+# middle of a printed line, run together, or even interleave with each other mid-message.
+GLOO_RUN = re.compile(
+    r"((?:\[Gloo\] Rank \d+ is connected to "
+    r"|\d+ peer ranks\. Expected number of connected peer ranks is : \d+)+)(\n*)"
 )
 
 
+def _drop_gloo(match: re.Match) -> str:
+    # each message brings one newline (after its second half); any others are the user's
+    return match[2][match[1].count("peer ranks is"):]
+
+
 def clean_stream(text: str) -> str:
-    return GLOO_PARTS.sub("", text) if "[Gloo]" in text else text
+    return GLOO_RUN.sub(_drop_gloo, text) if "[Gloo]" in text else text
 
 
 def parse_process_spec(spec: str, count: int) -> list[int]:

@@ -1,7 +1,7 @@
 """Run the tutorial notebooks headless.
 
-    python scripts/notebooks.py execute [NOTEBOOK ...]   # refresh the committed outputs (make notebooks)
-    python scripts/notebooks.py demo [NOTEBOOK]          # run the quick start, print it (make demo)
+    python scripts/notebooks.py execute [NOTEBOOK ...]  # save fresh outputs (make notebooks)
+    python scripts/notebooks.py demo [NOTEBOOK]         # run the quick start, print it (make demo)
 
 Both run the notebooks' own kernel (Python 3, this environment's) with IPP_NONINTERACTIVE=1, as
 ``make test`` does; cells tagged ``raises-exception`` may fail, any other failure stops the run.
@@ -14,6 +14,7 @@ import json
 import os
 import re
 import sys
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -44,11 +45,12 @@ def execute(path: Path, on_cell: Any = None) -> nbformat.NotebookNode:
     return nb
 
 
-def keep_shown_widgets(nb: nbformat.NotebookNode) -> None:
-    """Keep the saved state of widgets that outputs show (and of their parts), drop the rest.
+def keep_shown_widgets(nb: nbformat.NotebookNode, name: str) -> nbformat.NotebookNode:
+    """The notebook with only the saved state of widgets that its outputs show.
 
     nbclient saves every widget the kernel ever made, closed progress bars included, under new
-    random ids on each run; the sharding widgets that outputs show need theirs to render.
+    random ids on each run. The sharding widgets that outputs show need their state to render
+    in JupyterLab; ids numbered by ``name`` and order keep re-runs from changing the file.
     """
     saved = nb.metadata.get("widgets", {}).get(WIDGET_STATE, {})
     state = saved.get("state", {})
@@ -56,23 +58,28 @@ def keep_shown_widgets(nb: nbformat.NotebookNode) -> None:
             for out in cell.get("outputs", []) if WIDGET_VIEW in out.get("data", {})]
     kept: dict[str, Any] = {}
     while todo:
-        model_id = todo.pop()
+        model_id = todo.pop(0)
         if model_id in kept or model_id not in state:
             continue
         kept[model_id] = state[model_id]
         todo += re.findall(r"IPY_MODEL_(\w+)", json.dumps(state[model_id]))
-    if kept:
-        saved["state"] = dict(sorted(kept.items()))
-    else:
+    if not kept:
         nb.metadata.pop("widgets", None)
+        return nb
+    saved["state"] = kept
+    text = nbformat.writes(nb)
+    for number, model_id in enumerate(kept):
+        text = text.replace(model_id, uuid.uuid5(uuid.NAMESPACE_URL, f"{name}/{number}").hex)
+    nb = nbformat.reads(text, as_version=4)
+    state = nb.metadata.widgets[WIDGET_STATE]
+    state["state"] = dict(sorted(state["state"].items()))
+    return nb
 
 
 def refresh(paths: list[Path]) -> None:
     for path in paths:
         print(f"executing {path.name} …", flush=True)
-        nb = execute(path)
-        keep_shown_widgets(nb)
-        nbformat.write(nb, path)
+        nbformat.write(keep_shown_widgets(execute(path), path.name), path)
 
 
 def cell_text(cell: nbformat.NotebookNode) -> str:

@@ -1,4 +1,5 @@
-"""``make demo``: a notebook run headless, its cells and outputs printed, its failure the exit status."""
+"""``make demo``: a notebook run headless, its cells and outputs printed, failures in its exit
+status."""
 
 from __future__ import annotations
 

@@ -61,11 +61,20 @@ def test_interleaved_gloo_announcements_are_removed():
     assert clean_stream(text) == "16 6.0\ndone\n"
 
 
+GLOO = "[Gloo] Rank {} is connected to 3 peer ranks. Expected number of connected peer ranks is : 3"
+
+
 def test_gloo_noise_inside_a_printed_line_is_removed():
     # print(x.shape, total) computes str(total) after writing "(8,) ": gloo connects in between
-    text = ("(8,) [Gloo] Rank 5 is connected to 7 peer ranks. Expected number of connected peer "
-            "ranks is : 7\n[28.]\n")
-    assert clean_stream(text) == "(8,) [28.]\n"
+    assert clean_stream(f"(8,) {GLOO.format(5)}\n[28.]\n") == "(8,) [28.]\n"
+    # print writes its newline separately, after gloo's messages here
+    text = f"(2, 4){GLOO.format(0)}\n{GLOO.format(1)}\n\nnext\n"
+    assert clean_stream(text) == "(2, 4)\nnext\n"
+
+
+def test_gloo_messages_run_together_by_two_threads_leave_no_blank_line():
+    text = f"a\n{GLOO.format(0)}{GLOO.format(1)}\n\nb\n\n\nc\n"
+    assert clean_stream(text) == "a\nb\n\n\nc\n"
 
 
 def test_tail_keeps_the_last_lines_and_counts_the_rest():
