@@ -10,7 +10,7 @@ import time
 from typing import Any
 
 from IPython import get_ipython
-from IPython.display import display
+from IPython.display import clear_output, display
 
 
 def in_notebook() -> bool:
@@ -95,9 +95,15 @@ class LiveCell:
         else:
             self._handle.update(_bundle(text, html), raw=True)
 
-    def finish(self, text: str, html: str) -> None:
+    def finish(self, text: str, html: str, alone: bool = True) -> None:
+        """Turn the live area into the final output. ``alone``: nothing else was displayed in
+        the cell meanwhile, so a live area with nothing left to show can go."""
         if self._handle is not None:
-            self._handle.update(_bundle(text, html), raw=True)
+            if text or not alone:
+                self._handle.update(_bundle(text, html), raw=True)
+            else:
+                # updated to nothing, it would stay in the saved notebook as an empty output
+                clear_output()
         elif text:
             show(text, html)
 

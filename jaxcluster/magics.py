@@ -287,6 +287,7 @@ class JaxClusterMagics(Magics):
         live.finish(
             cell_render.streams_text(result.processes, selected, collapsed),
             cell_render.streams_html(result.processes, selected, collapsed),
+            alone=result.failure is None,  # else the restart's summary line follows the live area
         )
         for indices, output in cell_render.display_groups(result.processes, selected, collapsed):
             data = output.get("data", {})

@@ -49,6 +49,9 @@ def final_texts(messages):
     order = []
     for _, msg in messages:
         kind, content = msg["msg_type"], msg["content"]
+        if kind == "clear_output":
+            shown, order = {}, []
+            continue
         if kind not in ("display_data", "update_display_data", "stream"):
             continue
         key = content.get("transient", {}).get("display_id") or f"anon{len(order)}"
@@ -86,6 +89,14 @@ def test_spmd_streams_output_while_the_cell_runs(kernel):
     assert last_line_at > 6.0  # it really streamed: the last line came much later
     texts = [t for t in final_texts(messages) if t]
     assert texts == ["[processes 0-1]\n" + "\n".join(f"line {i}" for i in range(8))]
+
+
+def test_slow_silent_cell_leaves_no_output(kernel):
+    # the live status appears after half a second; with nothing to show it must go again
+    messages, reply = execute(kernel, "%%spmd\nimport time\ntime.sleep(2)")
+    assert reply["content"]["status"] == "ok"
+    assert any(m["msg_type"] == "display_data" for _, m in messages)  # the live status
+    assert final_texts(messages) == []
 
 
 def test_failing_cell_is_an_error_reply_with_process_labels(kernel):
