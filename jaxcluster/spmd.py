@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 
 DEFAULT_HANG_AFTER = 10.0
 INTERRUPT_GRACE = 3.0  # seconds the processes get to stop after SIGINT before they count as stuck
+UNKNOWN_ERROR = "unknown error"
 DEATH_GRACE = 1.0  # seconds the others get to finish after one process died
 WAIT_SLICE = 0.1  # how often a running cell looks at its processes
 UPDATE_EVERY = 0.25  # how often streamed output is passed on
@@ -195,7 +196,7 @@ class _Watcher:
     def _note_deaths(self, now: float) -> None:
         for proc, reason in self.cluster.dead_processes().items():
             entry = self.result.processes[proc]
-            if entry.state == "running":
+            if entry.state == "running" or (entry.state == "error" and _lost_with_engine(entry)):
                 entry.state = "died"
                 entry.reason = reason
                 if self.first_death is None:
@@ -229,10 +230,18 @@ class _Watcher:
             proc.stack = stacks.get(proc.process_index, "")
 
 
+def _lost_with_engine(proc: ProcessOutput) -> bool:
+    """The controller's answer for a task whose engine went away, not an error of the cell."""
+    error = proc.error or {}
+    return error.get("ename") == "EngineError" or (
+        error.get("evalue") == UNKNOWN_ERROR and not error.get("traceback")
+    )
+
+
 def _error_of(error: Any) -> dict:
     """ipyparallel's RemoteError as plain data: the user's own traceback, as IPython made it."""
     if error is None:
-        return {"ename": "Error", "evalue": "unknown error", "traceback": ""}
+        return {"ename": "Error", "evalue": UNKNOWN_ERROR, "traceback": ""}
     return {
         "ename": getattr(error, "ename", type(error).__name__),
         "evalue": str(getattr(error, "evalue", error)),

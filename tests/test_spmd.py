@@ -195,10 +195,12 @@ def test_timeout_reports_and_recovers(ip, cluster):
     _assert_recovered(ip, cluster, old)
 
 
-def test_sigkill_of_one_engine_ends_the_cell(ip, cluster):
+# 0.05 s: the engine dies before or as its task arrives, and the controller answers for it
+@pytest.mark.parametrize("kill_after", [0.05, 1.5])
+def test_sigkill_of_one_engine_ends_the_cell(ip, cluster, kill_after):
     old = [p.pid for p in cluster.processes]
     victim = cluster.processes[2].pid
-    threading.Timer(1.5, os.kill, (victim, signal.SIGKILL)).start()
+    threading.Timer(kill_after, os.kill, (victim, signal.SIGKILL)).start()
     began = time.monotonic()
     _, tb, _ = failing_spmd(ip, "import time\ntime.sleep(60)")
     assert time.monotonic() - began < 20
