@@ -12,7 +12,8 @@ import time
 
 from IPython.utils.capture import capture_output
 
-from jaxcluster.errors import JaxClusterError, SPMDError
+from jaxcluster.errors import JaxClusterError
+from jaxcluster.render.cell import failure_lines
 
 from ._common import (
     Settings,
@@ -178,8 +179,9 @@ def run(settings: Settings) -> Table:
         "every pair, after a warm-up.",
         f"Hang rows: process 1 raises before `process_allgather`, cell run with "
         f"`--hang-after {HANG_AFTER:g}`; times start at process 1's own `time.time()` "
-        "written right before it raises. The report comes when `run_cell_magic` raises "
-        "SPMDError; the recovery row ends when the next `x = 1` cell has returned.",
+        "written right before it raises. The report row ends when `cluster.run` hands its "
+        "`on_update` the failure, i.e. when a notebook's live view shows the report, before "
+        "the automatic restart; the recovery row ends when the next `x = 1` cell has returned.",
     ]
     return table
 
@@ -221,17 +223,20 @@ def _hang(session: Session, reps: int, table: Table) -> None:
         for i in range(reps):
             if os.path.exists(stamp):
                 os.remove(stamp)
-            try:
-                with capture_output():
-                    session.ip.run_cell_magic("spmd", f"--hang-after {HANG_AFTER:g}", code)
-            except SPMDError as e:
-                reported = time.time()
-                messages.add(str(e).splitlines()[0])
-            else:
-                raise AssertionError("the hanging cell came back without an error")
+            reported = []
+
+            def on_update(result) -> None:
+                # the moment the notebook's live view shows the report, before the restart
+                if result.failure and not reported:
+                    reported.append(time.time())
+
+            result = session.cluster.run(code, hang_after=HANG_AFTER, on_update=on_update)
+            if result.ok or not reported:
+                raise AssertionError("the hanging cell came back without a report")
+            messages.add(failure_lines(result)[0])
             with open(stamp) as f:
                 raised = float(f.read())
-            to_report.append(reported - raised)
+            to_report.append(reported[0] - raised)
             if not session.cluster.running:
                 # the automatic restart failed: the report stands, recovery has no sample
                 session.record("automatic restart after the hang failed", "cluster not running")
@@ -262,14 +267,10 @@ def _hang(session: Session, reps: int, table: Table) -> None:
         n = median(to_ready)
         table.add(
             f"hang: process 1's error → next trivial cell done (median of {len(to_ready)})",
-            seconds(n), baseline, "—", target, n <= limit,
+            seconds(n), baseline,
         )
         table.add("hang: of which the automatic restart (cluster.startup_seconds)",
                   seconds(median(restarts)))
-        # the magic restarts before it reports, so this is what the report alone costs
-        detection = [rep - rs for rep, rs in zip(to_report, restarts)]
-        table.add("hang: report minus restart (detection + stack dump + rendering)",
-                  seconds(median(detection)), "—", "—", target, median(detection) <= limit)
     table.notes.append(
         f"hang samples: report {spread(to_report)}; next cell {spread(to_ready)}; "
         f"restart {spread(restarts)}. Report: {' / '.join(sorted(messages))}"
