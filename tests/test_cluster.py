@@ -9,6 +9,7 @@ import sys
 import textwrap
 
 import ipyparallel as ipp
+import psutil
 import pytest
 
 from jaxcluster import ConfigError, JaxCluster, JaxClusterError, NoClusterError
@@ -131,17 +132,31 @@ def test_restart_gives_fresh_processes_and_a_working_jax():
         after = {p.pid for p in cluster.processes}
         assert before.isdisjoint(after)
         assert wait_until_gone(list(before), 10) == []
-
-        @ipp.interactive
-        def total():
-            import jax
-            import jax.numpy as jnp
-            from jax.experimental import multihost_utils
-
-            return int(multihost_utils.process_allgather(jnp.ones(())).sum())
-
-        assert cluster.view.apply_sync(total) == [2, 2]
+        assert cluster.view.apply_sync(_process_count_by_allgather) == [2, 2]
     _assert_nothing_left(cluster)
+
+
+def test_coordinator_option_is_where_jax_distributed_meets():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    with JaxCluster(nodes=2, timeout=60, coordinator=f"127.0.0.1:{port}") as cluster:
+        assert cluster.coordinator == f"127.0.0.1:{port}"
+        process_0 = psutil.Process(cluster.processes[0].pid)
+        listening = {c.laddr.port for c in process_0.net_connections("tcp")
+                     if c.status == psutil.CONN_LISTEN}
+        assert port in listening
+        assert cluster.view.apply_sync(_process_count_by_allgather) == [2, 2]
+    _assert_nothing_left(cluster)
+
+
+@ipp.interactive
+def _process_count_by_allgather():
+    import jax
+    import jax.numpy as jnp
+    from jax.experimental import multihost_utils
+
+    return int(multihost_utils.process_allgather(jnp.ones(())).sum())
 
 
 SCRIPT = """
