@@ -226,7 +226,7 @@ def running_cluster() -> JaxCluster | None:
     """The notebook's cluster (the one ``%jax_cluster`` manages) if it runs."""
     from . import magics
 
-    loaded = magics._magics
+    loaded = magics.loaded_magics()
     cluster = loaded.cluster if loaded is not None else None
     return cluster if cluster is not None and cluster.running else None
 
@@ -266,8 +266,9 @@ class _AutoStart:
             self.cluster.start(progress=self._progress)
             from . import magics
 
-            if magics._magics is not None and magics._magics.cluster is None:
-                magics._magics.cluster = self.cluster
+            loaded = magics.loaded_magics()
+            if loaded is not None and loaded.cluster is None:
+                loaded.cluster = self.cluster
         except BaseException as e:  # noqa: BLE001 - reported in the first cell
             self.error = e
         finally:
@@ -470,8 +471,9 @@ class JaxClusterKernel(IPythonKernel):
         if auto is not None and not auto.done.is_set():
             auto.cluster.stop()  # the starting thread then fails and cleans up after itself
             auto.done.wait(10)
-        if magics._magics is not None:
-            magics._magics.stop_all()
+        loaded = magics.loaded_magics()
+        if loaded is not None:
+            loaded.stop_all()
         if auto is not None:
             auto.cluster.stop()  # safe twice; covers a started cluster the magics never adopted
 

@@ -534,6 +534,11 @@ def _seconds(value: str, option: str) -> float:
 _magics: JaxClusterMagics | None = None
 
 
+def loaded_magics() -> JaxClusterMagics | None:
+    """The magics of the shell this extension is loaded in (the kernel adopts its cluster)."""
+    return _magics
+
+
 def load_ipython_extension(ip: Any) -> None:
     global _magics
     if _magics is not None and _magics.shell is ip:
