@@ -511,13 +511,16 @@ class JaxCluster:
         return dead
 
     def dump_stacks(self, process_indices: list[int], wait: float = 2.0) -> dict[int, str]:
-        """The current Python stack of each given process (local engines only)."""
-        if self.launcher != "local" or not self._stack_dir:
+        """The current Python stack of each given process that runs on this machine, whatever
+        started it (the dump is a file written by the process itself, see ``_engine.py``)."""
+        if not self._stack_dir:
             return {}
         files = {}
         for index in process_indices:
             proc = self.processes[index]
             path = os.path.join(self._stack_dir, f"{proc.pid}.txt")
+            if not self._is_our_engine_here(proc):
+                continue
             try:
                 open(path, "w").close()
                 os.kill(proc.pid, signal.SIGUSR1)
@@ -921,6 +924,14 @@ class JaxCluster:
         self.processes = self._verified_processes(engine_ids, identities, states)
         self._view = client[self.engine_ids]
         self._view.block = False
+
+    def _is_our_engine_here(self, proc: ProcessInfo) -> bool:
+        """Whether ``proc.pid`` on this machine is that engine: an engine on another host may
+        share its pid with an unrelated process here, which SIGUSR1 would kill."""
+        try:
+            return psutil.Process(proc.pid).environ().get("IPP_CLUSTER_ID") == self.cluster_id
+        except psutil.Error:
+            return False
 
     def _pid_alive(self, proc: ProcessInfo) -> bool:
         if self.launcher == "ssh":

@@ -89,6 +89,23 @@ def test_process_index_is_the_mpi_rank_and_psum_is_global(cluster):
 
 @needs_mpiexec
 @pytest.mark.cluster
+def test_hang_report_shows_the_stuck_ranks_stacks(cluster):
+    code = textwrap.dedent("""
+        import jax, jax.numpy as jnp
+        from jax.experimental import multihost_utils
+        if jax.process_index() == 1:
+            raise ValueError("bad batch")
+        multihost_utils.process_allgather(jnp.ones(()))
+    """)
+    result = cluster.run(code, hang_after=2)
+    stuck = [p for p in result.processes if p.state == "stuck"]
+    assert [p.process_index for p in stuck] == [0, 2, 3]
+    assert all("process_allgather" in p.stack for p in stuck)
+    assert result.restarted
+
+
+@needs_mpiexec
+@pytest.mark.cluster
 def test_restart_replaces_every_rank(cluster):
     before = [p.pid for p in cluster.processes]
     cluster.restart()
