@@ -8,12 +8,17 @@ Applying the updates makes nbval compare what a reader of the notebook sees.
 
 from __future__ import annotations
 
+import os
 import shutil
 from typing import Any
 
 import pytest
 from nbformat import NotebookNode
 from nbval.plugin import IPyNbCell
+
+
+# ipyparallel's headless mode; the kernels nbval starts inherit it (--nbval-current-env)
+os.environ.setdefault("IPP_NONINTERACTIVE", "1")
 
 
 class _AppliedDisplayUpdates:
