@@ -25,10 +25,8 @@ from typing import Any
 import ipyparallel as ipp
 import psutil
 from IPython.paths import get_ipython_dir
-from ipyparallel.cluster.launcher import MPILauncher, SlurmLauncher, SSHEngineSetLauncher
 
-from . import _engine
-from ._watchdog import kill_slurm_step, run_all, ssh_kill_commands
+from . import _engine, engine_sets
 from .stacks import main_thread_stack
 from .errors import ConfigError, JaxClusterError, NoClusterError
 from .launchers import (
@@ -51,7 +49,6 @@ DEFAULT_NODES = 4
 DEFAULT_CPU_DEVICES = 2
 POLL_SECONDS = 0.05
 FAILURE_GRACE_SECONDS = 3
-SSH_KILL_SECONDS = 15
 # the launcher of a cluster attached by ``connect``: its engines were started by someone else
 ATTACHED = "attached"
 
@@ -164,7 +161,7 @@ class JaxCluster:
         except (TypeError, ValueError):
             timeout = -1.0
         if not timeout > 0:
-            raise ConfigError(f"--timeout must be a positive number of seconds (e.g. --timeout 120).")
+            raise ConfigError("--timeout must be a positive number of seconds (e.g. --timeout 120).")
         if coordinator_port is not None:
             coordinator_port = _positive_int(coordinator_port, "--coordinator-port", "--coordinator-port 12355")
             if coordinator_port > 65535:
@@ -342,7 +339,7 @@ class JaxCluster:
         if client is not None:
             client.close()
         if cluster is not None:
-            _kill_engines(cluster)
+            engine_sets.kill_engines(cluster)
             self._loop.run(cluster.stop_cluster())
         self._stop_watchdog()
         if self._stack_dir is not None:
@@ -371,7 +368,7 @@ class JaxCluster:
         self._view = None
         self.processes = []
         try:
-            _kill_engines(cluster)
+            engine_sets.kill_engines(cluster)
             self._loop.run(cluster.stop_engines())
             self._start_processes(progress)
         except BaseException:
@@ -577,7 +574,7 @@ class JaxCluster:
         try:
             self._loop.run(cluster.start_engines(self.nodes))
         except Exception as e:
-            hosts = self._unstarted_hosts()
+            hosts = engine_sets.unstarted_hosts(cluster) if self.hosts else []
             where = f" on {', '.join(hosts)}" if hosts else ""
             raise JaxClusterError(f"Could not start the engines{where}: {e}") from None
         engine_ids = self._wait_for_engines(known, progress)
@@ -653,93 +650,26 @@ class JaxCluster:
                 progress("engines registered", min(len(new), self.nodes), self.nodes)
             if len(new) >= self.nodes:
                 return new[: self.nodes]
-            exited = self._exited_engines()
+            exited = engine_sets.exited_engines(self._ipp_cluster)
             if exited:
-                hosts = sorted({_launch_host(data) for data, _ in exited} - {""})
+                hosts = sorted({engine_sets.launch_host(data) for data, _ in exited} - {""})
                 raise JaxClusterError(
                     f"{len(exited)} engine(s) exited before registering with the controller"
                     f"{' on ' + ', '.join(hosts) if hosts else ''}.{self._reach_hint()} "
-                    f"Their output:\n" + "\n".join(self._exited_engine_output())
+                    f"Their output:\n" + "\n".join(engine_sets.exited_engine_output(self._ipp_cluster))
                 )
             if time.monotonic() > deadline:
                 short = self._hosts_short_of_engines(new)
                 raise JaxClusterError(
                     f"Only {len(new)} of {self.nodes} engines registered within {self.timeout:g} s"
                     f"{' (missing on ' + ', '.join(short) + ')' if short else ''}. "
-                    + self._slurm_jobs_note()
+                    + engine_sets.slurm_jobs_note(self._ipp_cluster)
                     + f"Raise --timeout if the hosts are slow to start.{self._reach_hint()}"
                 )
             time.sleep(POLL_SECONDS)
 
-    def _slurm_jobs_note(self) -> str:
-        """``Slurm job 12 is PENDING (Resources). `` for each engine job: a queue explains a lot."""
-        cluster = self._ipp_cluster
-        notes = ""
-        for engine_set in list(cluster.engines.values()) if cluster else []:
-            if not isinstance(engine_set, SlurmLauncher) or not engine_set.job_id:
-                continue
-            try:
-                state = subprocess.run(
-                    ["squeue", "--noheader", "--jobs", engine_set.job_id, "--format", "%T (%r)"],
-                    capture_output=True, text=True, timeout=30,
-                ).stdout.strip()
-            except (OSError, subprocess.SubprocessError):
-                continue
-            if state:
-                notes += f"Slurm job {engine_set.job_id} is {state}. "
-        return notes
-
-    def _exited_engines(self) -> list[tuple[dict, str]]:
-        """(stop data, output) of every engine whose process has ended.
-
-        ipyparallel's engine sets move an ended engine's launcher out of ``launchers`` and keep
-        its exit data under ``stop_data["engines"]`` and its output under ``outputs``.
-        """
-        cluster = self._ipp_cluster
-        if cluster is None:
-            return []
-        ended = []
-        for engine_set in list(cluster.engines.values()):
-            stop_data = dict(getattr(engine_set, "stop_data", None) or {})
-            if "engines" not in stop_data and stop_data.get("pid"):
-                # one process for all its engines (mpiexec), and it has ended
-                ended.append(({**stop_data, "command": "mpiexec"}, engine_set.get_output()))
-                continue
-            outputs = getattr(engine_set, "outputs", None) or {}
-            for identifier, data in dict(stop_data.get("engines") or {}).items():
-                ended.append((data, outputs.get(identifier, "")))
-        return list({data.get("pid"): (data, output) for data, output in ended}.values())
-
     def _engine_exit_codes(self) -> dict[int, Any]:
-        return {data.get("pid"): self._exit_code(data) for data, _ in self._exited_engines()}
-
-    def _exit_code(self, stop_data: dict) -> Any:
-        # ipyparallel's ssh launcher cannot learn a remote exit code and reports -1
-        return None if self.launcher == "ssh" else stop_data.get("exit_code")
-
-    def _exited_engine_output(self) -> list[str]:
-        lines = []
-        for data, output in self._exited_engines():
-            host, code = _launch_host(data), self._exit_code(data)
-            what = data.get("command", "engine")
-            where = f" on {host}" if host else ""
-            ended = f" (exit code {code})" if code is not None else ""
-            lines.append(f"--- {what}{where}, pid {data.get('pid')}{ended} ---")
-            lines.extend(output.strip().splitlines()[-15:])
-        return lines
-
-    def _unstarted_hosts(self) -> list[str]:
-        """The hosts of the engines that ipyparallel's launcher failed to start: it stops at
-        the first, leaving it in the "before" state."""
-        cluster = self._ipp_cluster
-        if cluster is None or not self.hosts:
-            return []
-        return [
-            key.rpartition("/")[0]  # ipyparallel's keys: "HOST/i"
-            for engine_set in list(cluster.engines.values())
-            for key, launcher in list(getattr(engine_set, "launchers", {}).items())
-            if launcher.state == "before"
-        ]
+        return engine_sets.exit_codes(self._ipp_cluster)
 
     def _hosts_short_of_engines(self, registered: list[int]) -> list[str]:
         """The hosts with fewer registered engines than asked for, by what those engines say."""
@@ -1029,49 +959,6 @@ class _LoopThread:
                     target=self._loop.run_forever, name="jaxcluster-ipyparallel", daemon=True
                 ).start()
         return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result(timeout)
-
-
-def _kill_engines(cluster: ipp.Cluster) -> None:
-    """SIGKILL every engine of ``cluster`` (see launchers.STOP_SECONDS_UNTIL_KILL for why).
-
-    Engines on other hosts get one ``ssh HOST kill`` per host, all at once; ipyparallel would
-    send each signal over ssh through a remote Python, one engine after another.
-    """
-    remote = []
-    for engine_set in list(cluster.engines.values()):
-        if isinstance(engine_set, MPILauncher):
-            continue  # ranks outlive a SIGKILLed mpiexec; its own stop (SIGTERM) ends them
-        if isinstance(engine_set, SlurmLauncher):
-            if engine_set.job_id:
-                kill_slurm_step(engine_set.job_id)
-            continue
-        if not isinstance(engine_set, SSHEngineSetLauncher):
-            try:
-                engine_set.signal(signal.SIGKILL)
-            except Exception:  # noqa: BLE001 - already gone is fine
-                pass
-            continue
-        for launcher in list(engine_set.launchers.values()):
-            # ipyparallel would fetch a stopped engine's output over ssh and scp, one engine
-            # after another; nobody reads it once we stop the engines
-            launcher._output = ""
-            remote.append(launcher.to_dict())
-    if not remote:
-        return
-    run_all(ssh_kill_commands(remote), timeout=SSH_KILL_SECONDS)
-    # let ipyparallel notice the ends, so that its own stop has nothing left to signal
-    deadline = time.monotonic() + SSH_KILL_SECONDS
-    while time.monotonic() < deadline and any(
-        launcher.state == "running"
-        for engine_set in list(cluster.engines.values())
-        for launcher in list(getattr(engine_set, "launchers", {}).values())
-    ):
-        time.sleep(POLL_SECONDS)
-
-
-def _launch_host(stop_data: dict) -> str:
-    """The --hosts entry of an ended ssh engine (ipyparallel's identifier "HOST/i"), else ""."""
-    return str(stop_data.get("identifier") or "").rpartition("/")[0]
 
 
 def _remote_message(error: ipp.error.RemoteError) -> str:

@@ -475,13 +475,6 @@ def _process_spec(spec: str, cluster: JaxCluster, option: str) -> list[int]:
         raise UsageError(f"{option}: {e}") from None
 
 
-def _unquote(text: str) -> str:
-    # magic_arguments splits like a Windows shell: quotes around a value stay in it
-    if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"":
-        return text[1:-1]
-    return text
-
-
 def _local_name(name: str, option: str) -> str:
     if not name.isidentifier():
         raise UsageError(f"{option} takes a variable name, not {name!r}.")
