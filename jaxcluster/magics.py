@@ -148,7 +148,7 @@ class JaxClusterMagics(Magics):
                 "(%jax_cluster restart)."
             )
         cluster = JaxCluster(
-            nodes=args.nodes or 4,
+            nodes=args.nodes,  # None: 4, or --hosts × --engines-per-host
             devices_per_node=args.devices_per_node,
             platform=args.platform,
             launcher=args.launcher,

@@ -116,6 +116,10 @@ def test_launcher_args_reach_the_cluster_unquoted_through_the_magic(monkeypatch)
         )
     assert seen == {"hosts": ["h1", "h2"], "args": ["-i", "~/.ssh/my", "key", "-o", "Port=2222"],
                     "nodes": 4}
+    seen.clear()
+    with pytest.raises(UsageError, match="stop here"):
+        shell.run_line_magic("jax_cluster", "start --launcher ssh --hosts h1,h2 --engines-per-host 3")
+    assert seen["nodes"] == 6  # --nodes left out: hosts × engines per host
 
 
 CLUSTER_FILE = {
