@@ -68,11 +68,16 @@ def identity(toward: str | None = None) -> dict[str, Any]:
     """Where this engine runs: its host (as named in --hosts where it was started by name),
     pid, the address other hosts reach it at (see ``reachable_address``) and its launch rank."""
     return {
-        "host": os.environ.get("JAXCLUSTER_HOST") or socket.gethostname(),
+        "host": host_name(),
         "pid": os.getpid(),
         "address": reachable_address(toward),
         "rank": launch_rank(),
     }
+
+
+def host_name() -> str:
+    """The name of this engine's host: as given in --hosts where it was started by that name."""
+    return os.environ.get("JAXCLUSTER_HOST") or socket.gethostname()
 
 
 def launch_rank() -> int | None:
@@ -204,7 +209,7 @@ def device_records() -> list[dict]:
 
     from .layout import device_record
 
-    host = socket.gethostname()
+    host = host_name()
     return [device_record(d, host) for d in jax.local_devices()]
 
 

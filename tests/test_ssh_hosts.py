@@ -97,6 +97,13 @@ def test_processes_run_on_their_hosts_in_host_order(cluster, hosts):
     assert cluster.summary().startswith("4 processes × 2 cpu devices = 8 global devices")
 
 
+def test_devices_name_the_hosts_as_status_does(cluster):
+    hosts_by_process = {p.process_index: p.host for p in cluster.processes}
+    records = cluster.devices()
+    assert len(records) == 8
+    assert all(r["host"] == hosts_by_process[r["process_index"]] for r in records)
+
+
 def test_status_names_the_hosts(shell, cluster):
     with capture_output() as status:
         shell.run_line_magic("jax_cluster", "status")
