@@ -190,11 +190,7 @@ def _overhead(session: Session, settings: Settings, table: Table) -> None:
     label = f"{session.nodes} proc × {session.devices} dev"
     session.pairs(TRIVIAL, settings.warmup, f"warm-up {label}")
     ours, px, _ = session.pairs(TRIVIAL, settings.pairs, f"trivial {label}")
-    o, p = median(ours), median(px)
-    table.add(
-        f"trivial cell `x = 1`, {label} (median of {settings.pairs} pairs)",
-        seconds(o), seconds(p), ratio(o, p), f"≤ {TARGET_RATIO:g}", o / p <= TARGET_RATIO,
-    )
+    _ratio_row(table, f"trivial cell `x = 1`, {label} (median of {settings.pairs} pairs)", ours, px)
     table.notes.append(
         f"{label}: %%spmd min {seconds(min(ours))} / max {seconds(max(ours))}; "
         f"%%px min {seconds(min(px))} / max {seconds(max(px))}."
@@ -203,15 +199,18 @@ def _overhead(session: Session, settings: Settings, table: Table) -> None:
 
 def _print_heavy(session: Session, reps: int, table: Table) -> None:
     ours, px, sizes = session.pairs(PRINT_CELL, reps, "print-heavy")
-    o, p = median(ours), median(px)
-    table.add(
-        f"{session.nodes} processes each print {PRINT_LINES:,} lines (median of {reps})",
-        seconds(o), seconds(p), ratio(o, p), f"≤ {TARGET_RATIO:g}", o / p <= TARGET_RATIO,
-    )
+    _ratio_row(table, f"{session.nodes} processes each print {PRINT_LINES:,} lines (median of {reps})",
+               ours, px)
     table.notes.append(
         f"print-heavy samples: %%spmd {spread(ours)}; %%px {spread(px)}. Output captured: "
         f"%%spmd {sizes[0]:,} chars (identical output shown once), %%px {sizes[1]:,} chars."
     )
+
+
+def _ratio_row(table: Table, what: str, ours: list[float], px: list[float]) -> None:
+    """Medians of %%spmd and %%px --block side by side, against the ≤ 1.0× target."""
+    o, p = median(ours), median(px)
+    table.add(what, seconds(o), seconds(p), ratio(o, p), f"≤ {TARGET_RATIO:g}", o / p <= TARGET_RATIO)
 
 
 def _hang(session: Session, reps: int, table: Table) -> None:

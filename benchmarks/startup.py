@@ -66,9 +66,7 @@ def _ours_once(failures: list[str]) -> tuple[float, dict[str, float]]:
             try:
                 cluster.start()
             except JaxClusterError as e:
-                failures.append(f"start failed after {t.elapsed():.1f} s: {first_line(e)} "
-                                f"{engine_crash(e)}".strip())
-                log(failures[-1])
+                _record_failure(failures, f"start failed after {t.elapsed():.1f} s", e)
                 if attempt == MAX_ATTEMPTS:
                     raise
                 continue
@@ -187,9 +185,7 @@ def _restarts(reps: int, failures: list[str]) -> list[float]:
                 try:
                     cluster.restart()
                 except JaxClusterError as e:
-                    failures.append(f"restart failed after {t.elapsed():.1f} s: "
-                                    f"{first_line(e)} {engine_crash(e)}".strip())
-                    log(failures[-1])
+                    _record_failure(failures, f"restart failed after {t.elapsed():.1f} s", e)
                     if len(failures) > 2 * MAX_ATTEMPTS:
                         raise
                     _start_with_retries(cluster, failures)  # a failed restart stops it
@@ -203,14 +199,18 @@ def _restarts(reps: int, failures: list[str]) -> list[float]:
     return times
 
 
+def _record_failure(failures: list[str], what: str, error: Exception) -> None:
+    failures.append(f"{what}: {first_line(error)} {engine_crash(error)}".strip())
+    log(failures[-1])
+
+
 def _start_with_retries(cluster: JaxCluster, failures: list[str]) -> None:
     for attempt in range(1, MAX_ATTEMPTS + 1):
         try:
             cluster.start()
             return
         except JaxClusterError as e:
-            failures.append(f"start failed: {first_line(e)} {engine_crash(e)}".strip())
-            log(failures[-1])
+            _record_failure(failures, "start failed", e)
             if attempt == MAX_ATTEMPTS:
                 raise
         finally:

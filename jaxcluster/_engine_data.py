@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from .layout import _normalize_index as index_key
+from .layout import shard_key
 
 # token -> a pull's arrays (list), a push's received shards (dict) or its finished value
 _held: dict[str, Any] = {}
@@ -78,7 +78,7 @@ def _describe_array(a: Any) -> dict[str, Any]:
     """Shape, dtype and, for each distinct shard, the lowest process that holds it."""
     owners: dict[Key, int] = {}
     for device, index in a.sharding.devices_indices_map(a.shape).items():
-        key = index_key(index, a.shape)
+        key = shard_key(index, a.shape)
         owners[key] = min(owners.get(key, device.process_index), device.process_index)
     return {"shape": tuple(a.shape), "dtype": np.dtype(a.dtype), "owners": owners}
 
@@ -107,7 +107,7 @@ def describe(name: str, token: str, send_value: bool, probe: str | None) -> list
 def _shard(token: str, k: int, key: Key) -> np.ndarray:
     array = _held[token][k]
     for shard in array.addressable_shards:
-        if index_key(shard.index, array.shape) == key:
+        if shard_key(shard.index, array.shape) == key:
             return np.asarray(shard.data)
     raise KeyError(f"no shard {key} of array {k} on this process")
 
@@ -151,7 +151,7 @@ def index_map(shape: tuple[int, ...], mesh: list[tuple[str, int]], spec: tuple) 
     sharding = named_sharding(mesh, spec)
     sharding.shard_shape(shape)  # JAX's own check that the spec fits the shape
     return [
-        (device.process_index, index_key(index, shape))
+        (device.process_index, shard_key(index, shape))
         for device, index in sharding.devices_indices_map(shape).items()
     ]
 
@@ -184,7 +184,7 @@ def assemble(token: str, shape: tuple[int, ...], mesh: list[tuple[str, int]], sp
 
     shards = _held[token]
     _held[token] = jax.make_array_from_callback(
-        shape, named_sharding(mesh, spec), lambda index: shards[index_key(index, shape)]
+        shape, named_sharding(mesh, spec), lambda index: shards[shard_key(index, shape)]
     )
 
 

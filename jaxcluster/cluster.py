@@ -28,7 +28,7 @@ from IPython.paths import get_ipython_dir
 
 from . import _engine, engine_sets
 from .stacks import main_thread_stack
-from .errors import ConfigError, JaxClusterError, NoClusterError
+from .errors import ConfigError, JaxClusterError, NoClusterError, engine_error_message
 from .launchers import (
     LaunchRequest,
     check_hosts_options,
@@ -383,9 +383,10 @@ class JaxCluster:
         client = self.client
         alive = set(client.ids)
         queues = client.queue_status(targets=sorted(alive & set(self.engine_ids))) if alive else {}
+        exit_codes = self._engine_exit_codes()
         rows = []
         for proc in self.processes:
-            if proc.engine_id not in alive or not self._pid_alive(proc):
+            if proc.engine_id not in alive or not self._pid_alive(proc, exit_codes):
                 state = "dead"
             elif queues.get(proc.engine_id, {}).get("queue", 0) > 0:
                 state = "busy"
@@ -453,7 +454,7 @@ class JaxCluster:
                 ) from None
             raise JaxClusterError(
                 f"Could not read the sharding of {name!r} on process {process_index}: "
-                f"{_remote_message(e)}. Is it a jax.Array?"
+                f"{engine_error_message(e)}. Is it a jax.Array?"
             ) from None
 
     def pull(self, name: str, process: int | str = 0, shared_memory: bool = True) -> Any:
@@ -484,7 +485,9 @@ class JaxCluster:
         """Process index -> how it died, for processes whose engine is gone."""
         exit_codes = self._engine_exit_codes()
         alive_ids = None if self.launcher == "local" else set(self.client.ids)
-        gone = [p for p in self.processes if p.pid not in exit_codes and not self._pid_alive(p)]
+        gone = [
+            p for p in self.processes if p.pid not in exit_codes and not self._pid_alive(p, exit_codes)
+        ]
         deadline = time.monotonic() + 3
         while alive_ids is None and gone and time.monotonic() < deadline:
             # ipyparallel's launcher reaps its engines in a thread; give it a moment so that
@@ -501,7 +504,7 @@ class JaxCluster:
                     else f"died (signal {-code})" if isinstance(code, int) and code < 0
                     else f"died (exit code {code})"
                 )
-            elif alive_ids is None and not self._pid_alive(proc):
+            elif alive_ids is None and not self._pid_alive(proc, exit_codes):
                 dead[proc.process_index] = "died"
             elif alive_ids is not None and proc.engine_id not in alive_ids:
                 dead[proc.process_index] = "stopped answering the controller's heartbeat"
@@ -717,7 +720,7 @@ class JaxCluster:
                 try:
                     results[eid] = ar.get(0)
                 except ipp.error.RemoteError as e:
-                    errors[eid] = _remote_message(e)
+                    errors[eid] = engine_error_message(e)
                 except Exception as e:  # noqa: BLE001 - engine died, unpicklable reply, ...
                     errors[eid] = f"{type(e).__name__}: {e}"
                 if eid in errors:
@@ -863,10 +866,11 @@ class JaxCluster:
         except psutil.Error:
             return False
 
-    def _pid_alive(self, proc: ProcessInfo) -> bool:
+    def _pid_alive(self, proc: ProcessInfo, exit_codes: dict[int, Any]) -> bool:
+        """``exit_codes``: the ended engines', from ``_engine_exit_codes`` (one scan per call)."""
         if self.launcher == "ssh":
             # ipyparallel's ssh launcher watches each remote pid and records its end
-            return proc.pid not in self._engine_exit_codes()
+            return proc.pid not in exit_codes
         if self.launcher != "local":
             return True  # remote pids mean nothing here; the heartbeat decides
         try:
@@ -959,11 +963,3 @@ class _LoopThread:
                     target=self._loop.run_forever, name="jaxcluster-ipyparallel", daemon=True
                 ).start()
         return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result(timeout)
-
-
-def _remote_message(error: ipp.error.RemoteError) -> str:
-    """The engine's own ``Type: message``, or its traceback's last line when the message is empty."""
-    if str(error.evalue).strip():
-        return f"{error.ename}: {error.evalue}"
-    lines = [line for line in (error.traceback or "").splitlines() if line.strip()]
-    return f"{error.ename} at {lines[-2].strip()}" if len(lines) >= 2 else error.ename

@@ -36,8 +36,8 @@ import ipyparallel as ipp
 import numpy as np
 
 from . import _engine_data as engine
-from .cluster import JaxCluster, _remote_message
-from .errors import ConfigError, JaxClusterError
+from .cluster import JaxCluster
+from .errors import ConfigError, JaxClusterError, engine_error_message
 from .output import process_label
 
 PIECE_BYTES = 16 * 2**20
@@ -182,7 +182,6 @@ def pull(
         session.shared = {p for p, reply in replies.items() if reply[0]["shared_memory"]}
         outputs = _fetch(session, name, plan)
         values = [_rebuild(name, s, replies[s][1:], [outputs[i] for i in refs[s]]) for s in sources]
-        session.transfer.seconds = time.perf_counter() - session.began
         return (values if process == "all" else values[0]), session.transfer
 
 
@@ -383,7 +382,6 @@ def push(
             for p in range(len(cluster.processes))
         ]), what)
         session.commit(name)
-        session.transfer.seconds = time.perf_counter() - session.began
         return session.transfer
 
 
@@ -404,7 +402,6 @@ def _push_value(cluster: JaxCluster, name: str, value: Any) -> Transfer:
         for p in range(len(cluster.processes)):
             session.transfer.add(p, len(payload) + sum(r.nbytes for r in raws))
         session.commit(name)
-        session.transfer.seconds = time.perf_counter() - session.began
         return session.transfer
 
 
@@ -537,6 +534,7 @@ class _Session:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        self.transfer.seconds = time.perf_counter() - self.began
         try:
             self.run(
                 [_Call(p, (engine.release, self.token)) for p in self.views],
@@ -607,7 +605,7 @@ class _Session:
                 try:
                     reply = ar.get(0)
                 except ipp.error.RemoteError as e:
-                    errors.setdefault(call.process, _remote_message(e))
+                    errors.setdefault(call.process, engine_error_message(e))
                     continue
                 except Exception as e:  # noqa: BLE001 - engine died, unpicklable reply, ...
                     errors.setdefault(call.process, f"{type(e).__name__}: {e}")

@@ -6,6 +6,8 @@ hook for that), so a notebook shows what went wrong and how to fix it, never our
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class JaxClusterError(RuntimeError):
     """Something about the cluster went wrong; the message says what to do."""
@@ -35,3 +37,12 @@ class SPMDError(JaxClusterError):
 
     def _render_traceback_(self) -> list[str]:
         return list(self.lines)
+
+
+def engine_error_message(error: Any) -> str:
+    """An engine's exception (ipyparallel's ``RemoteError``) as ``Type: message``, or as its
+    traceback's last line when the message is empty."""
+    if str(error.evalue).strip():
+        return f"{error.ename}: {error.evalue}"
+    lines = [line for line in (error.traceback or "").splitlines() if line.strip()]
+    return f"{error.ename} at {lines[-2].strip()}" if len(lines) >= 2 else error.ename

@@ -119,26 +119,11 @@ def plan_launch(request: LaunchRequest) -> LaunchPlan:
 
 
 def _plan_local(request: LaunchRequest) -> LaunchPlan:
-    environment = request.environment
     config = Config()
     engine_set = config.LocalEngineSetLauncher
-    engine_set.engine_cmd = ENGINE_CMD
-    engine_set.environment = dict(environment)
     engine_set.delay = 0.0
     engine_set.stop_seconds_until_kill = STOP_SECONDS_UNTIL_KILL
-    config.LocalControllerLauncher.stop_seconds_until_kill = STOP_SECONDS_UNTIL_KILL
-    return LaunchPlan(
-        engine_launcher="local",
-        controller_ip=request.ip or "127.0.0.1",
-        controller_args=_controller_args(),
-        config=config,
-    )
-
-
-def _controller_args() -> list[str]:
-    # --nodb: the hub would keep a copy of every message's buffers (up to 1 GiB), i.e. of
-    # every array pulled or pushed through ipyparallel
-    return ["--usethreads", "--nodb", f"--HeartMonitor.period={HEARTBEAT_MS}"]
+    return _plan("local", engine_set, config, request, request.ip or "127.0.0.1")
 
 
 def _plan_ssh(request: LaunchRequest) -> LaunchPlan:
@@ -148,13 +133,11 @@ def _plan_ssh(request: LaunchRequest) -> LaunchPlan:
     engine_set = config.SSHEngineSetLauncher
     # the same Python at the same path on every host (a shared or identical installation)
     engine_set.remote_python = sys.executable
-    engine_set.engine_cmd = ENGINE_CMD
     # each engine learns the name it was started under, so processes are ordered and errors
     # reported by the host names the user gave
     engine_set.engines = {
         host: {"n": n, "engine_args": [f"{HOST_ARG}{host}"]} for host, n in engines.items()
     }
-    engine_set.environment = dict(request.environment)
     engine_set.ssh_args = ssh_args
     engine_set.scp_args = ssh_args
     engine_set.delay = 0.0
@@ -163,12 +146,9 @@ def _plan_ssh(request: LaunchRequest) -> LaunchPlan:
     # through ssh's stdin. Copying the connection file as well is useless, and where the hosts
     # share the home directory scp would copy the file onto itself and truncate it.
     config.SSHEngineLauncher.to_send = []
-    config.LocalControllerLauncher.stop_seconds_until_kill = STOP_SECONDS_UNTIL_KILL
-    return LaunchPlan(
-        engine_launcher="ssh",
+    return _plan(
+        "ssh", engine_set, config, request,
         controller_ip=request.ip or route_address(next(iter(engines))),
-        controller_args=_controller_args(),
-        config=config,
         preflight=lambda: check_ssh_hosts(list(engines), ssh_args, request.timeout),
     )
 
@@ -189,7 +169,7 @@ def _plan_mpi(request: LaunchRequest) -> LaunchPlan:
     forwarded = _mpi_environment_args(mpiexec, request.environment)
     engine_set.mpi_args = [*forwarded, *request.launcher_args]
     engine_set.stop_seconds_until_kill = MPIEXEC_SECONDS_UNTIL_KILL
-    return _plan_engines_elsewhere("mpi", engine_set, config, request)
+    return _plan("mpi", engine_set, config, request, request.ip or reachable_address())
 
 
 def _plan_slurm(request: LaunchRequest) -> LaunchPlan:
@@ -206,7 +186,7 @@ def _plan_slurm(request: LaunchRequest) -> LaunchPlan:
     if request.scratch_dir:
         # not ipyparallel's default: slurm_engine.sbatch in the notebook's directory
         engine_set.batch_file_name = os.path.join(request.scratch_dir, "engines.sbatch")
-    return _plan_engines_elsewhere("slurm", engine_set, config, request)
+    return _plan("slurm", engine_set, config, request, request.ip or reachable_address())
 
 
 def _require_command(command: str, launcher: str, fix: str) -> str:
@@ -219,18 +199,30 @@ def _require_command(command: str, launcher: str, fix: str) -> str:
     return path
 
 
-def _plan_engines_elsewhere(
-    launcher: str, engine_set: Config, config: Config, request: LaunchRequest
+def _plan(
+    launcher: str,
+    engine_set: Config,
+    config: Config,
+    request: LaunchRequest,
+    controller_ip: str,
+    preflight: Callable[[], None] | None = None,
 ) -> LaunchPlan:
-    """The rest of a plan whose engines may run on other hosts, so loopback will not do."""
+    """What every plan shares: our engine command and environment, the controller's options.
+
+    Engines that may run on other hosts (ssh, mpi, slurm) need a controller address they can
+    reach, not loopback: the callers choose it.
+    """
     engine_set.engine_cmd = ENGINE_CMD
     engine_set.environment = dict(request.environment)
     config.LocalControllerLauncher.stop_seconds_until_kill = STOP_SECONDS_UNTIL_KILL
     return LaunchPlan(
         engine_launcher=launcher,
-        controller_ip=request.ip or reachable_address(),
-        controller_args=_controller_args(),
+        controller_ip=controller_ip,
+        # --nodb: the hub would keep a copy of every message's buffers (up to 1 GiB), i.e. of
+        # every array pulled or pushed through ipyparallel
+        controller_args=["--usethreads", "--nodb", f"--HeartMonitor.period={HEARTBEAT_MS}"],
         config=config,
+        preflight=preflight,
     )
 
 

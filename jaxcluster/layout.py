@@ -63,7 +63,7 @@ def sharding_layout(shape: Sequence[int], dtype: Any, sharding: Any) -> dict[str
     by_index: dict[tuple[tuple[int, int], ...], list[int]] = {}
     devices: dict[int, dict[str, Any]] = {}
     for device, index in index_map.items():
-        key = _normalize_index(index, shape)
+        key = shard_key(index, shape)
         by_index.setdefault(key, []).append(int(device.id))
         devices[int(device.id)] = {
             "process_index": int(device.process_index),
@@ -90,7 +90,8 @@ def array_layout(x: Any) -> dict[str, Any]:
     return sharding_layout(x.shape, x.dtype, x.sharding)
 
 
-def _normalize_index(index: Any, shape: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
+def shard_key(index: Any, shape: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
+    """A shard's index as ``(start, stop)`` per dimension: comparable and hashable."""
     # devices_indices_map gives one slice per dim, with None for "from the start"/"to the end";
     # a shorter tuple (or Ellipsis) means the remaining dims are whole.
     if index is Ellipsis:
