@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: lab test demo notebooks bench system-deps clean
+.PHONY: lab test lint demo notebooks bench system-deps clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -22,7 +22,12 @@ lab: $(STAMP)
 	cd notebooks && JAXCLUSTER_NODES=$${JAXCLUSTER_NODES:-4} ../$(VENV)/bin/jupyter lab \
 		--no-browser --ServerApp.ip=127.0.0.1 $$([ "$$(id -u)" = 0 ] && echo --allow-root)
 
-test: $(STAMP) system-deps
+# ruff's rule set and mypy's strictness live in pyproject.toml
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
+
+test: $(STAMP) system-deps lint
 	IPP_NONINTERACTIVE=1 $(PY) -m pytest
 
 # The quick start, headless: prints what its cells show; fails if any cell failed.

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from .cluster import JaxCluster, ProcessInfo, ProcessStatus
+from .cluster import JaxCluster
+from .contracts import ProcessInfo, ProcessStatus
 from .data import MeshSharding, Transfer
 from .errors import ConfigError, JaxClusterError, NoClusterError, SPMDError
-from .sharding import show_sharding
+from .engine.sharding import show_sharding
 
 __all__ = [
     "ConfigError",

@@ -26,7 +26,8 @@ import ipyparallel as ipp
 import psutil
 from IPython.paths import get_ipython_dir
 
-from . import _engine, engine_sets
+from . import engine_sets
+from .engine import process as _engine
 from .stacks import main_thread_stack
 from .errors import ConfigError, JaxClusterError, NoClusterError, engine_error_message
 from .launchers import (
@@ -42,6 +43,7 @@ from .launchers import (
     split_host_port,
     split_launcher_args,
 )
+from .contracts import ProcessInfo, ProcessStatus, Progress
 from .output import process_label
 
 PLATFORMS = ("cpu", "gpu", "cuda", "rocm", "tpu")
@@ -69,28 +71,6 @@ def _register_atexit() -> None:
     if not _atexit_registered:
         atexit.register(_stop_running_clusters)
         _atexit_registered = True
-
-
-# progress(stage, done, total): stage is "engines registered" or "JAX initialized"
-Progress = Callable[[str, int, int], None]
-
-
-@dataclass(frozen=True)
-class ProcessInfo:
-    """One JAX process and the ipyparallel engine it runs in."""
-
-    process_index: int
-    engine_id: int
-    host: str
-    pid: int
-    address: str
-    local_device_ids: tuple[int, ...]
-    platform: str
-
-
-@dataclass(frozen=True)
-class ProcessStatus(ProcessInfo):
-    state: str  # "idle", "busy" or "dead"
 
 
 def _positive_int(value: Any, option: str, example: str) -> int:
@@ -512,7 +492,7 @@ class JaxCluster:
 
     def dump_stacks(self, process_indices: list[int], wait: float = 2.0) -> dict[int, str]:
         """The current Python stack of each given process that runs on this machine, whatever
-        started it (the dump is a file written by the process itself, see ``_engine.py``)."""
+        started it (the dump is a file written by the process itself, see ``engine/__main__.py``)."""
         if not self._stack_dir:
             return {}
         files = {}

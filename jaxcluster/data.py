@@ -35,8 +35,8 @@ from typing import Any
 import ipyparallel as ipp
 import numpy as np
 
-from . import _engine_data as engine
-from .cluster import JaxCluster
+from .engine import data as engine
+from .contracts import ClusterHandle
 from .errors import ConfigError, JaxClusterError, engine_error_message
 from .output import process_label
 
@@ -158,7 +158,7 @@ def _parse_spec(text: str) -> tuple:
 
 
 def pull(
-    cluster: JaxCluster, name: str, process: int | str = 0, shared_memory: bool = True
+    cluster: ClusterHandle, name: str, process: int | str = 0, shared_memory: bool = True
 ) -> tuple[Any, Transfer]:
     """The processes' variable ``name`` as a value here, and what moved.
 
@@ -334,7 +334,7 @@ def _rebuild(name: str, process: int, reply: list, arrays: list) -> Any:
 
 
 def push(
-    cluster: JaxCluster,
+    cluster: ClusterHandle,
     name: str,
     value: Any,
     sharding: MeshSharding | None = None,
@@ -385,7 +385,7 @@ def push(
         return session.transfer
 
 
-def _push_value(cluster: JaxCluster, name: str, value: Any) -> Transfer:
+def _push_value(cluster: ClusterHandle, name: str, value: Any) -> Transfer:
     buffers: list = []
     try:
         payload = pickle.dumps(value, protocol=5, buffer_callback=buffers.append)
@@ -517,7 +517,7 @@ class _SharedFiles:
 class _Session:
     """One pull or push: its token, engine calls, /dev/shm files, and the clean-up after it."""
 
-    def __init__(self, cluster: JaxCluster, shared_memory: bool) -> None:
+    def __init__(self, cluster: ClusterHandle, shared_memory: bool) -> None:
         self.cluster = cluster
         self.client = cluster.client
         self.views = {p.process_index: self.client[p.engine_id] for p in cluster.processes}

@@ -32,6 +32,8 @@ from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from ipykernel.ipkernel import IPythonKernel
 from traitlets import Float, Integer, Unicode
 
+from .engine.introspect import complete, inspect_name
+
 if TYPE_CHECKING:
     from .cluster import JaxCluster
 
@@ -105,50 +107,6 @@ def remote_code(cell: str, cursor_pos: int) -> tuple[str, int, int] | None:
     return None
 
 
-# -- what process 0 runs for completion and inspection ----------------------------------------
-# Shipped by reference through ipyparallel: they import what they need on the engine, where
-# get_ipython() is the engine's own shell and its namespace is the cells' namespace.
-
-
-def _complete_on_engine(code: str, cursor_pos: int) -> dict:
-    """A complete_reply's content computed by this engine's IPython (as ipykernel does)."""
-    from IPython import get_ipython
-    from IPython.core.completer import provisionalcompleter, rectify_completions
-
-    shell = get_ipython()
-    with provisionalcompleter():
-        found = list(rectify_completions(code, shell.Completer.completions(code, cursor_pos)))
-    start, end = (found[0].start, found[0].end) if found else (cursor_pos, cursor_pos)
-    types = [
-        {"start": c.start, "end": c.end, "text": c.text, "type": c.type, "signature": c.signature}
-        for c in found
-    ]
-    return {
-        "matches": [c.text for c in found],
-        "cursor_start": start,
-        "cursor_end": end,
-        "metadata": {"_jupyter_types_experimental": types},
-        "status": "ok",
-    }
-
-
-def _inspect_on_engine(
-    code: str, cursor_pos: int, detail_level: int, omit_sections: tuple = ()
-) -> dict | None:
-    """The mime bundle ``x?`` would show for the name at the cursor, or None if unknown."""
-    from IPython import get_ipython
-    from IPython.utils.tokenutil import token_at_cursor
-
-    shell = get_ipython()
-    name = token_at_cursor(code, cursor_pos)
-    try:
-        return shell.object_inspect_mime(
-            name, detail_level=detail_level, omit_sections=tuple(omit_sections)
-        )
-    except KeyError:
-        return None
-
-
 # -- the kernel's own magics --------------------------------------------------------------------
 
 
@@ -210,7 +168,7 @@ class KernelMagics(Magics):
             level = 1
         bundle = None
         if namespaces is None and "*" not in name and name:
-            bundle = self.kernel.ask_process0(_inspect_on_engine, name, len(name), level)
+            bundle = self.kernel.ask_process0(inspect_name, name, len(name), level)
         if bundle is None:
             self._local_pinfo[magic](parameter_s, namespaces)
             return
@@ -431,7 +389,7 @@ class JaxClusterKernel(IPythonKernel):
         remote = remote_code(code, cursor_pos) if running_cluster() else None
         if remote is not None:
             body, cursor, offset = remote
-            reply = self.ask_process0(_complete_on_engine, body, cursor)
+            reply = self.ask_process0(complete, body, cursor)
             if reply is not None:
                 reply["cursor_start"] += offset
                 reply["cursor_end"] += offset
@@ -448,7 +406,7 @@ class JaxClusterKernel(IPythonKernel):
         if remote is not None:
             body, cursor, _ = remote
             bundle = self.ask_process0(
-                _inspect_on_engine, body, cursor, detail_level, tuple(omit_sections)
+                inspect_name, body, cursor, detail_level, tuple(omit_sections)
             )
             if bundle is not None:
                 if not self.shell.enable_html_pager:

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from traitlets.config import Config
 
-from ._engine import reachable_address
+from .engine.process import reachable_address
 from .errors import ConfigError, JaxClusterError
 
 LAUNCHERS = ("local", "ssh", "mpi", "slurm")
@@ -36,7 +36,7 @@ STOP_SECONDS_UNTIL_KILL = 1
 # (SIGKILL after its own short grace) within about 2 s; this bound is for a stuck mpiexec only.
 MPIEXEC_SECONDS_UNTIL_KILL = 15
 
-ENGINE_CMD = [sys.executable, "-m", "jaxcluster._engine"]
+ENGINE_CMD = [sys.executable, "-m", "jaxcluster.engine"]
 
 
 @dataclass
@@ -154,9 +154,9 @@ def _plan_ssh(request: LaunchRequest) -> LaunchPlan:
 
 
 def _plan_mpi(request: LaunchRequest) -> LaunchPlan:
-    """One ``mpiexec -n N [forwarded env] [--launcher-args] python -m jaxcluster._engine``.
+    """One ``mpiexec -n N [forwarded env] [--launcher-args] python -m jaxcluster.engine``.
 
-    Process indices follow MPI ranks (see ``_engine.launch_rank``). Nothing that changes
+    Process indices follow MPI ranks (see ``engine.process.launch_rank``). Nothing that changes
     mpiexec's policy is added: running as root or more ranks than cores is the user's call
     (``--launcher-args "--allow-run-as-root --oversubscribe"`` with Open MPI).
     """
@@ -247,7 +247,7 @@ def _mpi_environment_args(mpiexec: str, environment: dict[str, str]) -> list[str
 _PLANNERS = {"local": _plan_local, "ssh": _plan_ssh, "mpi": _plan_mpi, "slurm": _plan_slurm}
 
 
-# ``python -m jaxcluster._engine --jaxcluster-host=NAME``: the --hosts entry an engine runs on
+# ``python -m jaxcluster.engine --jaxcluster-host=NAME``: the --hosts entry an engine runs on
 HOST_ARG = "--jaxcluster-host="
 
 # ssh options that scp spells differently (scp -p keeps times, scp -l limits bandwidth)

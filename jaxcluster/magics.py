@@ -12,7 +12,7 @@ from .cluster import PLATFORMS, JaxCluster
 from .data import MeshSharding
 from .display import LiveCell, StartProgress, show, show_bundle
 from .render.devices import format_bytes, render_devices_html, render_devices_text
-from .sharding import SHARDING_MIME
+from .engine.sharding import SHARDING_MIME
 from .errors import ConfigError, NoClusterError, SPMDError
 from .launchers import LAUNCHERS
 from .output import label, parse_process_spec

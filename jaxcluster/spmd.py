@@ -13,13 +13,12 @@ import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from .contracts import ClusterHandle
 from .errors import SPMDError
 from .output import clean_stream
 
-if TYPE_CHECKING:
-    from .cluster import JaxCluster
 
 DEFAULT_HANG_AFTER = 10.0
 INTERRUPT_GRACE = 3.0  # seconds the processes get to stop after SIGINT before they count as stuck
@@ -83,7 +82,7 @@ Update = Callable[[SPMDResult], None]
 
 
 def run(
-    cluster: JaxCluster,
+    cluster: ClusterHandle,
     code: str,
     timeout: float | None = None,
     hang_after: float = DEFAULT_HANG_AFTER,
@@ -125,7 +124,7 @@ class _Watcher:
 
     def __init__(
         self,
-        cluster: JaxCluster,
+        cluster: ClusterHandle,
         ar: Any,
         result: SPMDResult,
         began: float,

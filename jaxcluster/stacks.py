@@ -2,7 +2,7 @@
 
 A process blocked in a collective holds no Python lock we could use and ignores SIGINT, but
 ``faulthandler`` dumps its stacks from a C signal handler, so each engine registers it for
-SIGUSR1 (``_engine.main``) and the client reads the dump from a file.
+SIGUSR1 (``engine/__main__.py``) and the client reads the dump from a file.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ def main_thread_stack(dump: str) -> str:
     """
     threads = _split_threads(dump)
     # the main thread is the one started by the engine's entry point
-    main = next((t for t in threads if any("jaxcluster/_engine.py" in f for f in t)), None)
+    main = next((t for t in threads if any("jaxcluster/engine/__main__.py" in f for f in t)), None)
     if main is None:
         main = threads[0] if threads else []
     frames = [CELL_FILE.sub('File "<cell>"', f.strip()) for f in reversed(main)]

@@ -86,7 +86,7 @@ def test_ssh_plan():
         "localhost": {"n": 2, "engine_args": [f"{HOST_ARG}localhost"]},
         "h2": {"n": 1, "engine_args": [f"{HOST_ARG}h2"]},
     }
-    assert engine_set.engine_cmd == [sys.executable, "-m", "jaxcluster._engine"]
+    assert engine_set.engine_cmd == [sys.executable, "-m", "jaxcluster.engine"]
     assert engine_set.remote_python == sys.executable
     assert engine_set.environment == {"JAX_PLATFORMS": "cpu"}
     assert engine_set.ssh_args[:2] == ["-i", "key"] and "BatchMode=yes" in engine_set.ssh_args

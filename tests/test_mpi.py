@@ -62,7 +62,7 @@ def test_open_mpi_is_told_to_pass_the_engine_environment_on():
     assert engines.mpi_args == [
         "-x", "JAX_PLATFORMS", "-x", "IPP_CLUSTER_ID", "-x", "IPP_PROFILE_DIR", "--oversubscribe"
     ]
-    assert engines.engine_cmd[1:] == ["-m", "jaxcluster._engine"]
+    assert engines.engine_cmd[1:] == ["-m", "jaxcluster.engine"]
 
 
 def test_missing_mpiexec_is_a_clear_error(monkeypatch):

@@ -92,7 +92,7 @@ Current thread 0x00007f02 (most recent call first):
   File "/x/site-packages/jax/_src/dispatch.py", line 90 in apply_primitive
   File "/tmp/ipykernel_123/456.py", line 4 in <module>
   File "/x/site-packages/IPython/core/interactiveshell.py", line 3600 in run_code
-  File "/x/site-packages/jaxcluster/_engine.py", line 30 in main
+  File "/x/site-packages/jaxcluster/engine/__main__.py", line 30 in main
   File "<frozen runpy>", line 88 in _run_code
 """
     assert main_thread_stack(dump).splitlines() == [

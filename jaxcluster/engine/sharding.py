@@ -12,8 +12,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from .layout import array_layout, sharding_layout
-from .render.sharding import render_sharding_html, render_sharding_text
+from ..layout import array_layout, sharding_layout
+from ..render.sharding import render_sharding_html, render_sharding_text
 
 SHARDING_MIME = "application/vnd.jaxcluster.sharding+json"
 
@@ -37,7 +37,7 @@ def publish(layout: dict) -> None:
     if on_engine():
         display(layout_bundle(layout), raw=True)
     else:
-        from .widgets import ShardingWidget
+        from ..widgets import ShardingWidget
 
         display(ShardingWidget(layout))
 

@@ -1,0 +1,52 @@
+"""What the modules agree on: the records of a cluster's processes, and the ``ClusterHandle``
+that lockstep execution (``spmd``) and data transfer (``data``) need of a cluster.
+
+``spmd`` and ``data`` import this module, never ``cluster``: the façade imports them, so
+depending on a ``Protocol`` instead of the class keeps the imports one-way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+# progress(stage, done, total): stage is "engines registered" or "JAX initialized"
+Progress = Callable[[str, int, int], None]
+
+
+@dataclass(frozen=True)
+class ProcessInfo:
+    """One JAX process and the ipyparallel engine it runs in."""
+
+    process_index: int
+    engine_id: int
+    host: str
+    pid: int
+    address: str
+    local_device_ids: tuple[int, ...]
+    platform: str
+
+
+@dataclass(frozen=True)
+class ProcessStatus(ProcessInfo):
+    state: str  # "idle", "busy" or "dead"
+
+
+class ClusterHandle(Protocol):
+    """The part of ``JaxCluster`` that running cells and moving data use."""
+
+    processes: list[ProcessInfo]
+    timeout: float
+
+    @property
+    def client(self) -> Any: ...  # ipyparallel.Client
+
+    @property
+    def view(self) -> Any: ...  # ipyparallel.DirectView over all engines, in process order
+
+    def dead_processes(self) -> dict[int, str]: ...
+
+    def dump_stacks(self, process_indices: list[int], wait: float = 2.0) -> dict[int, str]: ...
+
+    def restart(self, progress: Progress | None = None) -> Any: ...

@@ -1,0 +1,57 @@
+"""The engine's entry point: ``python -m jaxcluster.engine`` (what every launcher runs)."""
+
+from __future__ import annotations
+
+import faulthandler
+import os
+import signal
+import sys
+
+# launchers.HOST_ARG; not imported from there, which would import traitlets before jax
+HOST_ARG = "--jaxcluster-host="
+
+
+def main() -> None:
+    """Start an ipyparallel engine with JAX already imported.
+
+    Importing jax takes about a second of CPU. Done here, it overlaps with the controller's
+    start-up instead of delaying ``jax.distributed.initialize``. (Not in a thread: ipykernel
+    iterates ``sys.modules`` while it starts, and a concurrent import breaks that.) A failed
+    import is reported later, by ``initialize``, which imports jax again and gets the same error.
+
+    ipyparallel's MPI launcher adds ``--mpi``, which makes ipengine import mpi4py for its rank;
+    JAX needs no MPI and ``launch_rank`` reads the rank from the environment, so it is dropped.
+    """
+    _take_host_name()
+    if "--mpi" in sys.argv:
+        sys.argv.remove("--mpi")
+    _dump_stacks_on_sigusr1()
+    try:
+        import jax  # noqa: F401
+    except Exception:  # noqa: BLE001 - see above
+        pass
+    from ipyparallel.engine.app import main as engine_main
+
+    engine_main()
+
+
+def _take_host_name() -> None:
+    """Remove our ``--jaxcluster-host=NAME`` from the engine's arguments; keep NAME for identity."""
+    for arg in list(sys.argv):
+        if arg.startswith(HOST_ARG):
+            sys.argv.remove(arg)
+            os.environ["JAXCLUSTER_HOST"] = arg[len(HOST_ARG):]
+
+
+def _dump_stacks_on_sigusr1() -> None:
+    """Let the client read this process's stacks even while it is blocked in C (see stacks.py)."""
+    stack_dir = os.environ.get("JAXCLUSTER_STACK_DIR")
+    if not stack_dir or not os.path.isdir(stack_dir):
+        return
+    # append mode: the client truncates the file before each dump
+    stack_file = open(os.path.join(stack_dir, f"{os.getpid()}.txt"), "a")  # noqa: SIM115
+    faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
+
+
+if __name__ == "__main__":
+    main()
