@@ -13,7 +13,7 @@ def index_rank_psum() -> tuple[int, int | None, float]:
     from jax.sharding import Mesh, NamedSharding
     from jax.sharding import PartitionSpec as P
 
-    from jaxcluster.engine import launch_rank
+    from jaxcluster.engine.process import launch_rank
 
     mesh = Mesh(np.array(jax.devices()), ("d",))
     local = np.full(jax.local_device_count(), jax.process_index() + 1.0, dtype=np.float32)

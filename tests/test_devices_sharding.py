@@ -9,7 +9,7 @@ from IPython.core.error import UsageError
 from IPython.utils.capture import capture_output
 
 from tests.conftest import magics_shell
-from jaxcluster.sharding import SHARDING_MIME
+from jaxcluster.engine.sharding import SHARDING_MIME
 
 pytestmark = pytest.mark.cluster
 
