@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
             log(f"running {name}")
             try:
                 table = _load(name).run(settings)
-            except Exception:  # noqa: BLE001 - report it in the table, run the others
+            except Exception:  # report it in the table, run the others
                 table = Table(name, "FAILED to run", broken=True)
                 table.notes.append("```\n" + traceback.format_exc().rstrip() + "\n```")
             if table.broken:

@@ -173,12 +173,12 @@ def _child(size_mib: int, repeat: int, out: str) -> None:
         for i in range(repeat + 1):
             for name, shared_memory in (("pull_ours", True), ("pull_network", False)):
                 with _Peak() as ours:
-                    pulled, transfer = data.pull(cluster, "x", shared_memory=shared_memory)
-                    _touch(pulled)
-                assert np.array_equal(pulled[:, -1], expected_rows), "pull: wrong values"
-                del pulled
+                    transfer = data.pull(cluster, "x", shared_memory=shared_memory)
+                    _touch(transfer.value)
+                assert np.array_equal(transfer.value[:, -1], expected_rows), "pull: wrong values"
                 record(name, ours, i == 0)
                 r.setdefault("shared_memory", sorted(transfer.shared_memory))
+                del transfer  # and the value it carries
             with _Peak() as recipe:
                 cluster.run(RECIPE_PULL).check()
                 gathered = process0.pull("gathered", block=True)

@@ -122,9 +122,8 @@ class Session:
 
     def time_cell(self, magic: str, line: str, cell: str) -> tuple[float, int]:
         """Seconds until the magic returns, and how many characters of output it produced."""
-        with capture_output() as cap:
-            with Timer() as t:
-                self.ip.run_cell_magic(magic, line, cell)
+        with capture_output() as cap, Timer() as t:
+            self.ip.run_cell_magic(magic, line, cell)
         size = len(cap.stdout) + len(cap.stderr)
         size += sum(len(str(o.data.get("text/plain", ""))) for o in cap.outputs)
         return t.seconds, size
@@ -160,7 +159,7 @@ def run(settings: Settings) -> Table:
                 if nodes == PRINT_PROCESSES:
                     _print_heavy(session, reps, table)
                     _hang(session, reps, table)
-        except Exception as e:  # noqa: BLE001 - keep the other sizes' rows
+        except Exception as e:  # keep the other sizes' rows
             table.add(f"{nodes} proc × {devices} dev: benchmark failed", "error", passed=False)
             table.broken = True
             table.notes.append(f"{nodes} proc × {devices} dev failed: {type(e).__name__}: "
@@ -199,8 +198,12 @@ def _overhead(session: Session, settings: Settings, table: Table) -> None:
 
 def _print_heavy(session: Session, reps: int, table: Table) -> None:
     ours, px, sizes = session.pairs(PRINT_CELL, reps, "print-heavy")
-    _ratio_row(table, f"{session.nodes} processes each print {PRINT_LINES:,} lines (median of {reps})",
-               ours, px)
+    _ratio_row(
+        table,
+        f"{session.nodes} processes each print {PRINT_LINES:,} lines (median of {reps})",
+        ours,
+        px,
+    )
     table.notes.append(
         f"print-heavy samples: %%spmd {spread(ours)}; %%px {spread(px)}. Output captured: "
         f"%%spmd {sizes[0]:,} chars (identical output shown once), %%px {sizes[1]:,} chars."
@@ -210,7 +213,8 @@ def _print_heavy(session: Session, reps: int, table: Table) -> None:
 def _ratio_row(table: Table, what: str, ours: list[float], px: list[float]) -> None:
     """Medians of %%spmd and %%px --block side by side, against the ≤ 1.0× target."""
     o, p = median(ours), median(px)
-    table.add(what, seconds(o), seconds(p), ratio(o, p), f"≤ {TARGET_RATIO:g}", o / p <= TARGET_RATIO)
+    target = f"≤ {TARGET_RATIO:g}"
+    table.add(what, seconds(o), seconds(p), ratio(o, p), target, o / p <= TARGET_RATIO)
 
 
 def _hang(session: Session, reps: int, table: Table) -> None:
@@ -222,9 +226,10 @@ def _hang(session: Session, reps: int, table: Table) -> None:
         for i in range(reps):
             if os.path.exists(stamp):
                 os.remove(stamp)
-            reported = []
+            reported: list[float] = []
 
-            def on_update(result) -> None:
+            # bound as a default, so the callback holds this pass's list and no other
+            def on_update(result, reported: list[float] = reported) -> None:
                 # the moment the notebook's live view shows the report, before the restart
                 if result.failure and not reported:
                     reported.append(time.time())

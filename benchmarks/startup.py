@@ -6,6 +6,7 @@ The recipe is what a user writes without jaxcluster: ``ipyparallel.Cluster(n=4)`
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import socket
 
@@ -102,10 +103,8 @@ def _recipe_once() -> tuple[float, dict[str, float]]:
     finally:
         if cluster is not None:
             # SIGKILL first: a polite stop waits on JAX's shutdown barrier and is not timed anyway
-            try:
+            with contextlib.suppress(Exception):  # engines that never started
                 cluster.signal_engines_sync(signal.SIGKILL)
-            except Exception:  # noqa: BLE001 - engines that never started
-                pass
             cluster.stop_cluster_sync()
     return t.seconds, memory
 

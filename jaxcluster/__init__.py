@@ -7,8 +7,8 @@ from typing import Any
 from .cluster import JaxCluster
 from .contracts import ProcessInfo, ProcessStatus
 from .data import MeshSharding, Transfer
-from .errors import ConfigError, JaxClusterError, NoClusterError, SPMDError
 from .engine.sharding import show_sharding
+from .errors import ConfigError, JaxClusterError, NoClusterError, SPMDError
 
 __all__ = [
     "ConfigError",
@@ -20,8 +20,8 @@ __all__ = [
     "ProcessStatus",
     "SPMDError",
     "Transfer",
-    "show_sharding",
     "load_ipython_extension",
+    "show_sharding",
     "unload_ipython_extension",
 ]
 __version__ = "0.1.0"

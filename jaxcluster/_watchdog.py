@@ -12,6 +12,7 @@ Run as ``python -m jaxcluster._watchdog PARENT_PID PARENT_CREATE_TIME CLUSTER_FI
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -82,9 +83,12 @@ def ssh_kill_commands(engines: list[dict]) -> list[list[str]]:
             continue
         user = engine.get("user")
         location = f"{user}@{engine['hostname']}" if user else engine["hostname"]
-        key = (tuple(engine.get("ssh_cmd") or ["ssh"]), tuple(engine.get("ssh_args") or []), location)
+        ssh = tuple(engine.get("ssh_cmd") or ["ssh"])
+        key = (ssh, tuple(engine.get("ssh_args") or []), location)
         by_host.setdefault(key, []).append(str(engine["pid"]))
-    return [[*ssh, *args, host, "kill", "-KILL", *pids] for (ssh, args, host), pids in by_host.items()]
+    return [
+        [*ssh, *args, host, "kill", "-KILL", *pids] for (ssh, args, host), pids in by_host.items()
+    ]
 
 
 def run_all(commands: list[list[str]], timeout: float) -> None:
@@ -131,10 +135,8 @@ def kill_slurm_step(job_id: str) -> None:
 
 
 def _quietly(command: list[str]) -> None:
-    try:
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
         subprocess.run(command, capture_output=True, timeout=30)
-    except (OSError, subprocess.SubprocessError):
-        pass
 
 
 def kill_tree(pids: list[int]) -> None:
@@ -147,25 +149,46 @@ def kill_tree(pids: list[int]) -> None:
         except psutil.Error:
             continue
     for proc in procs:
-        try:
+        with contextlib.suppress(psutil.Error):
             proc.kill()
-        except psutil.Error:
-            pass
     psutil.wait_procs(procs, timeout=5)
+
+
+def kill_cluster(cluster_file: str) -> None:
+    """Kill everything ``cluster_file`` lists, wherever it runs, and remove the file."""
+    info = read_cluster_file(cluster_file)
+    cancel_slurm_jobs(cluster_slurm_jobs(info))
+    kill_tree(cluster_pids(info))
+    run_all(ssh_kill_commands(ssh_engines(info)), timeout=30)
+    with contextlib.suppress(OSError):
+        os.remove(cluster_file)
+
+
+def start(cluster_file: str) -> subprocess.Popen:
+    """A watchdog for the cluster of ``cluster_file``, watching this process."""
+    me = psutil.Process()
+    return subprocess.Popen(
+        [sys.executable, "-m", "jaxcluster._watchdog", str(me.pid), repr(me.create_time()),
+         cluster_file],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,  # survives signals sent to our process group
+    )
+
+
+def stop(watchdog: subprocess.Popen | None) -> None:
+    """End a watchdog from ``start``: the cluster was stopped by the process that started it."""
+    if watchdog is not None and watchdog.poll() is None:
+        watchdog.kill()
+        watchdog.wait()
 
 
 def main(argv: list[str]) -> int:
     parent_pid, create_time, cluster_file = int(argv[0]), float(argv[1]), argv[2]
     while parent_alive(parent_pid, create_time):
         time.sleep(POLL_SECONDS)
-    info = read_cluster_file(cluster_file)
-    cancel_slurm_jobs(cluster_slurm_jobs(info))
-    kill_tree(cluster_pids(info))
-    run_all(ssh_kill_commands(ssh_engines(info)), timeout=30)
-    try:
-        os.remove(cluster_file)
-    except OSError:
-        pass
+    kill_cluster(cluster_file)
     return 0
 
 

@@ -7,9 +7,12 @@ way its launcher needs.
 
 from __future__ import annotations
 
+import concurrent.futures
+import contextlib
 import signal
 import subprocess
-import time
+from collections.abc import Callable, Coroutine
+from functools import partial
 from typing import Any
 
 import ipyparallel as ipp
@@ -18,7 +21,6 @@ from ipyparallel.cluster.launcher import MPILauncher, SlurmLauncher, SSHEngineSe
 from ._watchdog import kill_slurm_step, run_all, ssh_kill_commands
 
 SSH_KILL_SECONDS = 15
-POLL_SECONDS = 0.05
 
 
 def exited_engines(cluster: ipp.Cluster | None) -> list[tuple[dict, str]]:
@@ -48,7 +50,26 @@ def exited_engines(cluster: ipp.Cluster | None) -> list[tuple[dict, str]]:
 
 def exit_codes(cluster: ipp.Cluster | None) -> dict[int, Any]:
     """pid -> exit code (negative: signal; None: unknown) of every ended engine."""
-    return {data.get("pid"): data.get("exit_code") for data, _ in exited_engines(cluster)}
+    ended = exited_engines(cluster)
+    return {data["pid"]: data.get("exit_code") for data, _ in ended if data.get("pid")}
+
+
+def any_engine_ends(cluster: ipp.Cluster) -> concurrent.futures.Future[None]:
+    """A future that is done once any engine process of ``cluster`` has ended (at once if one
+    has): each engine's launcher, and a set's own for a set of one process (mpiexec, a job)."""
+    ended: concurrent.futures.Future[None] = concurrent.futures.Future()
+
+    for engine_set in list(cluster.engines.values()):
+        engine_set.on_stop(partial(_settle, ended))
+        for launcher in list(getattr(engine_set, "launchers", {}).values()):
+            launcher.on_stop(partial(_settle, ended))
+    return ended
+
+
+def _settle(future: concurrent.futures.Future[None], _stop_data: Any) -> None:
+    """An ``on_stop`` callback: the first stop settles ``future``."""
+    with contextlib.suppress(concurrent.futures.InvalidStateError):
+        future.set_result(None)
 
 
 def exited_engine_output(cluster: ipp.Cluster | None) -> list[str]:
@@ -98,39 +119,46 @@ def slurm_jobs_note(cluster: ipp.Cluster | None) -> str:
     return notes
 
 
-def kill_engines(cluster: ipp.Cluster) -> None:
+def kill_engines(cluster: ipp.Cluster, run: Callable[[Coroutine[Any, Any, Any]], Any]) -> None:
     """SIGKILL every engine of ``cluster`` (see launchers.STOP_SECONDS_UNTIL_KILL for why).
 
-    Engines on other hosts get one ``ssh HOST kill`` per host, all at once; ipyparallel would
-    send each signal over ssh through a remote Python, one engine after another.
+    ``run`` runs a coroutine of ``cluster`` on the loop that drives it. Engines on other hosts
+    get one ``ssh HOST kill`` per host, all at once; ipyparallel would send each signal over
+    ssh through a remote Python, one engine after another.
     """
-    remote = []
-    for engine_set in list(cluster.engines.values()):
+    remote: list[Any] = []
+    for set_id, engine_set in list(cluster.engines.items()):
         if isinstance(engine_set, MPILauncher):
             continue  # ranks outlive a SIGKILLed mpiexec; its own stop (SIGTERM) ends them
         if isinstance(engine_set, SlurmLauncher):
             if engine_set.job_id:
                 kill_slurm_step(engine_set.job_id)
             continue
-        if not isinstance(engine_set, SSHEngineSetLauncher):
-            try:
-                engine_set.signal(signal.SIGKILL)
-            except Exception:  # noqa: BLE001 - already gone is fine
-                pass
+        if isinstance(engine_set, SSHEngineSetLauncher):
+            remote.extend(e for e in list(engine_set.launchers.values()) if e.state == "running")
             continue
-        for launcher in list(engine_set.launchers.values()):
-            # ipyparallel would fetch a stopped engine's output over ssh and scp, one engine
-            # after another; nobody reads it once we stop the engines
-            launcher._output = ""
-            remote.append(launcher.to_dict())
+        with contextlib.suppress(Exception):  # already gone is fine
+            run(cluster.signal_engines(signal.SIGKILL, set_id))
     if not remote:
         return
-    run_all(ssh_kill_commands(remote), timeout=SSH_KILL_SECONDS)
+    _fetch_outputs(remote)
+    stopped = []
+    for launcher in remote:
+        noticed: concurrent.futures.Future[None] = concurrent.futures.Future()
+        launcher.on_stop(partial(_settle, noticed))
+        stopped.append(noticed)
+    run_all(ssh_kill_commands([launcher.to_dict() for launcher in remote]), SSH_KILL_SECONDS)
     # let ipyparallel notice the ends, so that its own stop has nothing left to signal
-    deadline = time.monotonic() + SSH_KILL_SECONDS
-    while time.monotonic() < deadline and any(
-        launcher.state == "running"
-        for engine_set in list(cluster.engines.values())
-        for launcher in list(getattr(engine_set, "launchers", {}).values())
-    ):
-        time.sleep(POLL_SECONDS)
+    concurrent.futures.wait(stopped, timeout=SSH_KILL_SECONDS)
+
+
+def _fetch_outputs(launchers: list[Any]) -> None:
+    """Read every remote engine's output now, all at once (bounded).
+
+    ipyparallel reads a stopped engine's output over scp, one engine after another, as it
+    notices each end; read here, its launchers keep it and fetch nothing more.
+    """
+    pool = concurrent.futures.ThreadPoolExecutor(len(launchers))
+    fetches = [pool.submit(launcher.get_output) for launcher in launchers]
+    concurrent.futures.wait(fetches, timeout=SSH_KILL_SECONDS)
+    pool.shutdown(wait=False)

@@ -39,10 +39,26 @@ class SPMDError(JaxClusterError):
         return list(self.lines)
 
 
+UNKNOWN_ERROR = "unknown error"
+
+
+def remote_error(error: Any) -> dict[str, str]:
+    """An engine's exception (ipyparallel's ``RemoteError``) as plain data: ``ename``,
+    ``evalue`` and the user's own traceback as IPython made it. ``None``: an unknown error."""
+    if error is None:
+        return {"ename": "Error", "evalue": UNKNOWN_ERROR, "traceback": ""}
+    return {
+        "ename": getattr(error, "ename", type(error).__name__),
+        "evalue": str(getattr(error, "evalue", error)),
+        "traceback": getattr(error, "traceback", "") or "",
+    }
+
+
 def engine_error_message(error: Any) -> str:
-    """An engine's exception (ipyparallel's ``RemoteError``) as ``Type: message``, or as its
-    traceback's last line when the message is empty."""
-    if str(error.evalue).strip():
-        return f"{error.ename}: {error.evalue}"
-    lines = [line for line in (error.traceback or "").splitlines() if line.strip()]
-    return f"{error.ename} at {lines[-2].strip()}" if len(lines) >= 2 else error.ename
+    """An engine's exception as ``Type: message``, or as its traceback's last line when the
+    message is empty."""
+    record = remote_error(error)
+    if record["evalue"].strip():
+        return f"{record['ename']}: {record['evalue']}"
+    lines = [line for line in record["traceback"].splitlines() if line.strip()]
+    return f"{record['ename']} at {lines[-2].strip()}" if len(lines) >= 2 else record["ename"]

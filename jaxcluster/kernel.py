@@ -10,6 +10,8 @@ It is ipykernel's ``IPythonKernel`` with jaxcluster loaded, plus:
 - completion, signatures and ``x?`` answered from process 0's namespace;
 - shutdown and restart that stop the cluster first.
 
+Which cells go where is decided in ``kernel_cells`` (pure); ``%%local`` and ``x?`` are the
+magics of ``kernel_magics``; what process 0 runs to answer is in ``engine.introspect``.
 Interrupts need nothing here: the kernelspec asks for ``interrupt_mode: signal``, so SIGINT
 raises KeyboardInterrupt in the running ``%%spmd`` cell, which interrupts every process.
 
@@ -18,21 +20,20 @@ Run as ``python -m jaxcluster.kernel -f CONNECTION_FILE`` (what the kernelspec d
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import os
-import re
 import sys
 import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from IPython.core import page
-from IPython.core.error import UsageError
-from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from ipykernel.ipkernel import IPythonKernel
 from traitlets import Float, Integer, Unicode
 
 from .engine.introspect import complete, inspect_name
+from .kernel_cells import SPMDByDefault, remote_code
+from .kernel_magics import KernelMagics
 
 if TYPE_CHECKING:
     from .cluster import JaxCluster
@@ -41,140 +42,6 @@ ENV_NODES = "JAXCLUSTER_NODES"
 ENV_DEVICES_PER_NODE = "JAXCLUSTER_DEVICES_PER_NODE"
 ENV_PLATFORM = "JAXCLUSTER_PLATFORM"
 ENV_SETTINGS = (ENV_NODES, ENV_DEVICES_PER_NODE, ENV_PLATFORM)
-
-# ``x?``, ``x.y??``, ``%magic?``, ``a*b?`` (IPython's help syntax at the end of a line)
-_HELP_END = re.compile(r"^%{0,2}[\w.*\[\]-]+\?{1,2}$")
-
-
-# -- which cells run where (pure) -------------------------------------------------------------
-
-
-def _is_local_line(line: str) -> bool:
-    """Blank, comment, line magic, shell escape or help request: the notebook's own business."""
-    text = line.strip()
-    return not text or text.startswith(("#", "%", "!", "?")) or bool(_HELP_END.match(text))
-
-
-def cell_kind(cell: str) -> str:
-    """Where a cell belongs once a cluster runs.
-
-    ``"local"``: a ``%%local`` cell; ``"magic"``: any other cell magic (``%%spmd`` included),
-    which decides for itself; ``"lines"``: only line magics, shell escapes, help and comments,
-    which stay local; ``"code"``: everything else, which runs on every process.
-    """
-    lines = cell.splitlines()
-    while lines and not lines[0].strip():
-        lines.pop(0)
-    if not lines:
-        return "lines"
-    if lines[0].startswith("%%"):
-        return "local" if lines[0].strip() == "%%local" else "magic"
-    if all(_is_local_line(line) for line in lines):
-        return "lines"
-    return "code"
-
-
-def spmd_lines(lines: list[str], cluster_active: bool) -> list[str]:
-    """The transformation itself: ``%%spmd`` in front of code cells, ``%%local`` removed."""
-    kind = cell_kind("".join(lines))
-    if kind == "local":
-        first = next(i for i, line in enumerate(lines) if line.strip())
-        # a blank line instead of the magic keeps traceback line numbers those of the cell
-        return [*lines[:first], "\n", *lines[first + 1 :]]
-    if kind == "code" and cluster_active:
-        return ["%%spmd\n", *lines]
-    return lines
-
-
-def remote_code(cell: str, cursor_pos: int) -> tuple[str, int, int] | None:
-    """(code, cursor, offset) to complete on process 0, or None to complete locally.
-
-    ``offset`` is where ``code`` starts in ``cell``: the body of a ``%%spmd`` cell is sent
-    without its magic line, whose options are completed locally.
-    """
-    kind = cell_kind(cell)
-    line_start = cell.rfind("\n", 0, cursor_pos) + 1
-    line_end = cell.find("\n", cursor_pos)
-    cursor_line = cell[line_start : len(cell) if line_end < 0 else line_end]
-    if kind == "code":
-        return None if _is_local_line(cursor_line) and cursor_line.strip() else (cell, cursor_pos, 0)
-    if kind == "magic":
-        body = cell.find("\n", len(cell) - len(cell.lstrip("\n")))
-        magic_line = cell[:body] if body >= 0 else cell
-        if magic_line.split()[0] != "%%spmd" or body < 0 or cursor_pos <= body:
-            return None
-        return cell[body + 1 :], cursor_pos - body - 1, body + 1
-    return None
-
-
-# -- the kernel's own magics --------------------------------------------------------------------
-
-
-@magics_class
-class KernelMagics(Magics):
-    """``%%local``, and ``x?`` / ``x??`` that look at process 0 while a cluster runs."""
-
-    def __init__(self, shell: Any, kernel: JaxClusterKernel) -> None:
-        super().__init__(shell)
-        self.kernel = kernel
-        # IPython's own help magics, for names process 0 does not know and for wildcards
-        self._local_pinfo = {name: shell.find_line_magic(name) for name in ("pinfo", "pinfo2")}
-
-    @cell_magic
-    def local(self, line: str, cell: str) -> Any:
-        """Run this cell in the notebook's own process, not on the JAX processes.
-
-        In the JAX Cluster kernel every plain cell runs on every process once a cluster runs;
-        a cell that starts with %%local runs here instead, like in a plain IPython kernel::
-
-            %%local
-            import matplotlib.pyplot as plt
-            plt.plot(losses)
-        """
-        if line.strip():
-            raise UsageError("%%local takes no options; put the cell's code on the lines below it.")
-        # The kernel's transformer runs a cell that starts with %%local as a plain local cell,
-        # so this only runs when called another way (e.g. run_cell_magic): exec the code and
-        # return its last expression, which IPython then shows as the value.
-        import ast
-
-        from IPython.core.inputtransformer2 import TransformerManager
-
-        # a fresh manager: IPython's syntax without this kernel's own transformer
-        source = TransformerManager().transform_cell(cell)
-        tree = ast.parse(source)
-        last = tree.body.pop() if tree.body and isinstance(tree.body[-1], ast.Expr) else None
-        ns = self.shell.user_ns
-        exec(compile(tree, "<%%local>", "exec"), ns)
-        if last is not None:
-            return eval(compile(ast.Expression(last.value), "<%%local>", "eval"), ns)
-        return None
-
-    @line_magic
-    def pinfo(self, parameter_s: str = "", namespaces: Any = None) -> None:
-        """Show an object's information (``x?``); from process 0 while a cluster runs."""
-        self._pinfo("pinfo", parameter_s, namespaces, 0)
-
-    @line_magic
-    def pinfo2(self, parameter_s: str = "", namespaces: Any = None) -> None:
-        """Show an object's information and source (``x??``); from process 0 if a cluster runs."""
-        self._pinfo("pinfo2", parameter_s, namespaces, 1)
-
-    def _pinfo(self, magic: str, parameter_s: str, namespaces: Any, level: int) -> None:
-        # the same reading of "?"/"??" marks as IPython's own %pinfo
-        match = re.match(r"(pinfo )?(\?*)(.*?)(\??$)", parameter_s)
-        name = match.group(3).strip() if match else parameter_s.strip()
-        if match and (match.group(1) or match.group(2) or match.group(4)):
-            level = 1
-        bundle = None
-        if namespaces is None and "*" not in name and name:
-            bundle = self.kernel.ask_process0(inspect_name, name, len(name), level)
-        if bundle is None:
-            self._local_pinfo[magic](parameter_s, namespaces)
-            return
-        if not self.shell.enable_html_pager:
-            bundle.pop("text/html", None)
-        page.page(bundle)
 
 
 # -- the kernel -------------------------------------------------------------------------------
@@ -187,20 +54,6 @@ def running_cluster() -> JaxCluster | None:
     loaded = magics.loaded_magics()
     cluster = loaded.cluster if loaded is not None else None
     return cluster if cluster is not None and cluster.running else None
-
-
-class _SPMDByDefault:
-    """The input transformer; active while a cluster runs or is being started."""
-
-    # IPython skips transformers with side effects when it only checks whether a cell is
-    # complete, so is_complete answers as for plain Python.
-    has_side_effects = True
-
-    def __init__(self, kernel: JaxClusterKernel) -> None:
-        self.kernel = kernel
-
-    def __call__(self, lines: list[str]) -> list[str]:
-        return spmd_lines(lines, self.kernel.cluster_active())
 
 
 class _AutoStart:
@@ -227,7 +80,7 @@ class _AutoStart:
             loaded = magics.loaded_magics()
             if loaded is not None and loaded.cluster is None:
                 loaded.cluster = self.cluster
-        except BaseException as e:  # noqa: BLE001 - reported in the first cell
+        except BaseException as e:  # reported in the first cell
             self.error = e
         finally:
             self.done.set()
@@ -265,9 +118,11 @@ class JaxClusterKernel(IPythonKernel):
         super().__init__(**kwargs)
         self._autostart: _AutoStart | None = None
         self._autostart_error = ""
-        self.shell.extension_manager.load_extension("jaxcluster")
-        self.shell.register_magics(KernelMagics(self.shell, self))
-        self.shell.input_transformers_cleanup.append(_SPMDByDefault(self))
+        shell = self.shell
+        assert shell is not None  # IPythonKernel.__init__ made it
+        shell.extension_manager.load_extension("jaxcluster")
+        shell.register_magics(KernelMagics(shell, self.ask_process0))
+        shell.input_transformers_cleanup.append(SPMDByDefault(self.cluster_active))
 
     def start(self) -> None:
         super().start()
@@ -375,16 +230,15 @@ class JaxClusterKernel(IPythonKernel):
                 return None
             ar = cluster.client[engine].apply_async(func, *args)
             return ar.get(timeout=self.remote_timeout)
-        except Exception as e:  # noqa: BLE001 - busy, slow or dead: answer locally instead
+        except Exception as e:  # busy, slow or dead: answer locally instead
             self.log.debug("process 0 did not answer %s: %s", func.__name__, e)
             if ar is not None and not ar.ready():
-                try:
-                    ar.abort()  # don't leave it queued behind the process's running cell
-                except Exception:  # noqa: BLE001
-                    pass
+                # don't leave it queued behind the process's running cell
+                with contextlib.suppress(Exception):
+                    ar.abort()
             return None
 
-    def do_complete(self, code: str, cursor_pos: int | None) -> dict:
+    async def do_complete(self, code: str, cursor_pos: int | None) -> dict[str, Any]:
         cursor_pos = len(code) if cursor_pos is None else cursor_pos
         remote = remote_code(code, cursor_pos) if running_cluster() else None
         if remote is not None:
@@ -397,11 +251,11 @@ class JaxClusterKernel(IPythonKernel):
                     item["start"] += offset
                     item["end"] += offset
                 return reply
-        return super().do_complete(code, cursor_pos)
+        return await _settled(super().do_complete(code, cursor_pos))
 
-    def do_inspect(
+    async def do_inspect(
         self, code: str, cursor_pos: int, detail_level: int = 0, omit_sections: Any = ()
-    ) -> dict:
+    ) -> dict[str, Any]:
         remote = remote_code(code, cursor_pos) if running_cluster() else None
         if remote is not None:
             body, cursor, _ = remote
@@ -409,17 +263,17 @@ class JaxClusterKernel(IPythonKernel):
                 inspect_name, body, cursor, detail_level, tuple(omit_sections)
             )
             if bundle is not None:
+                assert self.shell is not None
                 if not self.shell.enable_html_pager:
                     bundle.pop("text/html", None)
                 return {"status": "ok", "data": bundle, "metadata": {}, "found": True}
-        return super().do_inspect(code, cursor_pos, detail_level, omit_sections)
+        return await _settled(super().do_inspect(code, cursor_pos, detail_level, omit_sections))
 
-    async def do_shutdown(self, restart: bool) -> dict:
+    async def do_shutdown(self, restart: bool) -> dict[str, Any]:
         # Runs on the control thread, possibly while a cell still runs on the main thread;
         # the watchdog covers whatever this leaves behind.
         self.stop_cluster()
-        reply = super().do_shutdown(restart)
-        return await reply if inspect.isawaitable(reply) else reply
+        return await _settled(super().do_shutdown(restart))
 
     def stop_cluster(self) -> None:
         """Stop the cluster, also one still starting from the kernel's settings."""
@@ -436,6 +290,12 @@ class JaxClusterKernel(IPythonKernel):
             auto.cluster.stop()  # safe twice; covers a started cluster the magics never adopted
 
 
+async def _settled(reply: Any) -> Any:
+    """An IPythonKernel handler's reply: a plain value in ipykernel 6 and 7, a coroutine in its
+    base class (and perhaps in later versions)."""
+    return await reply if inspect.isawaitable(reply) else reply
+
+
 def main() -> None:
     """Start the kernel (what ``python -m jaxcluster.kernel -f FILE`` does)."""
     from ipykernel.kernelapp import IPKernelApp
@@ -444,8 +304,8 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    # Engines unpickle the functions above by module name: run the copy importable as
-    # jaxcluster.kernel, not this __main__ one.
+    # Run the copy importable as jaxcluster.kernel, not this __main__ one, so that there is
+    # one JaxClusterKernel class and one module state however the module is reached.
     from jaxcluster.kernel import main as _main
 
     _main()

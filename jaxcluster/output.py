@@ -10,19 +10,13 @@ from typing import TypeVar
 
 def format_ranges(indices: Iterable[int]) -> str:
     """``[0, 1, 2, 3]`` -> ``0-3``; ``[0, 2]`` -> ``0,2``; ``[0, 1, 2, 5]`` -> ``0-2,5``."""
-    ordered = sorted(set(indices))
-    parts: list[str] = []
-    start = prev = None
-    for i in ordered:
-        if prev is not None and i == prev + 1:
-            prev = i
-            continue
-        if start is not None:
-            parts.append(_span(start, prev))
-        start = prev = i
-    if start is not None:
-        parts.append(_span(start, prev))
-    return ",".join(parts)
+    spans: list[list[int]] = []  # [first, last] of each run of consecutive indices
+    for i in sorted(set(indices)):
+        if spans and i == spans[-1][1] + 1:
+            spans[-1][1] = i
+        else:
+            spans.append([i, i])
+    return ",".join(_span(first, last) for first, last in spans)
 
 
 def _span(start: int, stop: int) -> str:
@@ -65,7 +59,8 @@ def parse_process_spec(spec: str, count: int) -> list[int]:
         match = re.fullmatch(r"(\d+)(?:-(\d+))?", part)
         if not match:
             raise ValueError(
-                f"{part!r} in {spec!r} is not a process index or range; use e.g. 0, 0,2, 1-3 or all."
+                f"{part!r} in {spec!r} is not a process index or range; "
+                "use e.g. 0, 0,2, 1-3 or all."
             )
         first = int(match.group(1))
         last = int(match.group(2)) if match.group(2) else first

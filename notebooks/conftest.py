@@ -16,7 +16,6 @@ import pytest
 from nbformat import NotebookNode
 from nbval.plugin import IPyNbCell
 
-
 # ipyparallel's headless mode; the kernels nbval starts inherit it (--nbval-current-env)
 os.environ.setdefault("IPP_NONINTERACTIVE", "1")
 

@@ -17,7 +17,7 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack, contextmanager, suppress
 from dataclasses import dataclass, field
 
 SSHD = "/usr/sbin/sshd"
@@ -151,10 +151,8 @@ def _remove_namespace(name: str) -> None:
     """Kill whatever still runs in the namespace (sshd, engines, ...), then delete it."""
     pids = subprocess.run(["ip", "netns", "pids", name], capture_output=True, text=True).stdout
     for pid in pids.split():
-        try:
+        with suppress(ProcessLookupError, ValueError):
             os.kill(int(pid), signal.SIGKILL)
-        except (ProcessLookupError, ValueError):
-            pass
     # deleting the namespace also deletes its end of the veth pair, and so the root end
     subprocess.run(["ip", "netns", "del", name], capture_output=True)
 

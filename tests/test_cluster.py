@@ -152,7 +152,6 @@ def test_coordinator_option_is_where_jax_distributed_meets():
 
 @ipp.interactive
 def _process_count_by_allgather():
-    import jax
     import jax.numpy as jnp
     from jax.experimental import multihost_utils
 

@@ -140,7 +140,8 @@ def test_no_controller_is_a_one_line_error_at_once(ip, line, message):
 
 
 def test_a_controller_that_is_gone_is_an_error_within_the_timeout(external, tmp_path):
-    info = json.loads(open(external["url_file"]).read())
+    with open(external["url_file"]) as f:
+        info = json.load(f)
     info["registration"] = info["task"] = 1  # nothing listens there
     stale = tmp_path / "stale-client.json"
     stale.write_text(json.dumps(info))

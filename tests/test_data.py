@@ -10,6 +10,7 @@ import pytest
 from IPython.core.error import UsageError
 
 from jaxcluster import ConfigError, JaxClusterError, MeshSharding, data
+from jaxcluster.data import session, shared_files
 from tests.conftest import magics_shell
 
 pytestmark = pytest.mark.cluster
@@ -50,7 +51,9 @@ def on_engines(cluster, expression):
 def test_pull_assembles_an_array_that_no_process_holds(ready, shared_memory):
     spmd(ready, "x = make((8,), ('d',), P('d'))")
     assert on_engines(ready, "x.is_fully_addressable") == ["False"] * 4
-    value, transfer = data.pull(ready, "x", shared_memory=shared_memory)
+    transfer = data.pull(ready, "x", shared_memory=shared_memory)
+    assert (transfer.direction, transfer.name) == ("pull", "x") and transfer.seconds > 0
+    value = transfer.value
     assert type(value) is np.ndarray and value.dtype == np.float32
     np.testing.assert_array_equal(value, FULL)
     assert transfer.shards == {0: 2, 1: 2, 2: 2, 3: 2}
@@ -61,14 +64,14 @@ def test_pull_assembles_an_array_that_no_process_holds(ready, shared_memory):
 def test_replicated_shards_are_sent_once(ready):
     # each row block is held by both 'model' devices of one process: 4 distinct of 8 shards
     spmd(ready, "r = make((4, 2), ('data', 'model'), P('data'))")
-    value, transfer = data.pull(ready, "r")
-    np.testing.assert_array_equal(value, FULL)
+    transfer = data.pull(ready, "r")
+    np.testing.assert_array_equal(transfer.value, FULL)
     assert transfer.shards == {0: 1, 1: 1, 2: 1, 3: 1}
     assert sum(transfer.nbytes.values()) == FULL.nbytes
     # held whole by every device: sent once, by the lowest process
     spmd(ready, "everywhere = make((8,), ('d',), P())")
-    value, transfer = data.pull(ready, "everywhere")
-    np.testing.assert_array_equal(value, FULL)
+    transfer = data.pull(ready, "everywhere")
+    np.testing.assert_array_equal(transfer.value, FULL)
     assert transfer.shards == {0: 1}
 
 
@@ -102,7 +105,8 @@ def test_plain_values_from_one_process_or_from_each(ready):
 def test_push_a_plain_value(ready):
     config = {"lr": 3e-4, "layers": [128, 64], "mask": np.arange(6) % 2 == 0}
     transfer = ready.push("config", config)
-    assert sorted(transfer.nbytes) == [0, 1, 2, 3]
+    assert (transfer.direction, transfer.name, transfer.value) == ("push", "config", None)
+    assert sorted(transfer.nbytes) == [0, 1, 2, 3] and transfer.seconds > 0
     assert on_engines(ready, "config['layers'], int(config['mask'].sum())") == [
         "([128, 64], 3)"
     ] * 4
@@ -143,15 +147,15 @@ def test_a_process_receives_a_replicated_slice_once(ready):
 @pytest.mark.parametrize("shared_memory", [True, False], ids=["dev-shm", "ipyparallel"])
 @pytest.mark.parametrize("spec", [("d",), (None, "d")], ids=["rows", "columns"])
 def test_shards_travel_in_pieces_with_little_on_the_way(ready, monkeypatch, shared_memory, spec):
-    monkeypatch.setattr(data, "PIECE_BYTES", 2048)
-    monkeypatch.setattr(data, "IN_FLIGHT_BYTES", 4096)
+    monkeypatch.setattr(session, "PIECE_BYTES", 2048)
+    monkeypatch.setattr(session, "IN_FLIGHT_BYTES", 4096)
     files = tempfile.mkdtemp(dir="/dev/shm")  # ours alone, to see that nothing is left there
-    monkeypatch.setattr(data, "SHARED_MEMORY_DIR", files)
+    monkeypatch.setattr(shared_files, "SHARED_MEMORY_DIR", files)
     big = np.random.default_rng(1).normal(size=(256, 64)).astype(np.float32)
     transfer = ready.push("big", big, MeshSharding({"d": 8}, spec), shared_memory=shared_memory)
     assert transfer.shards == {0: 2, 1: 2, 2: 2, 3: 2}
-    pulled, transfer = data.pull(ready, "big", shared_memory=shared_memory)
-    np.testing.assert_array_equal(pulled, big)
+    transfer = data.pull(ready, "big", shared_memory=shared_memory)
+    np.testing.assert_array_equal(transfer.value, big)
     assert transfer.shards == {0: 2, 1: 2, 2: 2, 3: 2}
     assert transfer.shared_memory == ({0, 1, 2, 3} if shared_memory else set())
     assert os.listdir(files) == []
@@ -177,7 +181,7 @@ def test_values_that_cannot_be_sent(ready):
         r"^'lock' on process 0 cannot be sent to the notebook: TypeError: cannot pickle"
     )):
         ready.pull("lock")
-    with pytest.raises(ConfigError, match="^The value for 'gen' cannot be sent to the processes"):
+    with pytest.raises(ConfigError, match=r"^The value for 'gen' cannot be sent to the processes"):
         ready.push("gen", (i for i in range(3)))
     assert on_engines(ready, "'gen' in globals()") == ["False"] * 4
 

@@ -8,8 +8,8 @@ import pytest
 from IPython.core.error import UsageError
 from IPython.utils.capture import capture_output
 
-from tests.conftest import magics_shell
 from jaxcluster.engine.sharding import SHARDING_MIME
+from tests.conftest import magics_shell
 
 pytestmark = pytest.mark.cluster
 

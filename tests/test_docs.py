@@ -33,3 +33,15 @@ def test_reference_names_every_option_of_the_help(magic):
     reference = (ROOT / "docs" / "magics.md").read_text()
     missing = sorted(o for o in options if o not in reference)
     assert not missing, f"docs/magics.md does not describe {missing} of %{magic}"
+
+
+def test_reference_documents_every_setting():
+    from jaxcluster.magics import JaxClusterMagics
+
+    settings = JaxClusterMagics.class_own_traits(config=True)
+    expected = {"hang_after", "live_tail", "nodes", "devices_per_node", "start_timeout"}
+    assert expected <= set(settings)
+    reference = (ROOT / "docs" / "magics.md").read_text()
+    missing = sorted(name for name in settings if f"| `{name}` |" not in reference)
+    assert not missing, f"docs/magics.md does not describe the settings {missing}"
+    assert "%config JaxClusterMagics." in reference and "c.JaxClusterMagics." in reference

@@ -11,15 +11,8 @@ from IPython.testing.globalipapp import start_ipython
 
 from jaxcluster import ConfigError, JaxCluster
 from jaxcluster._watchdog import cluster_pids, ssh_engines, ssh_kill_commands
-from jaxcluster.launchers import (
-    gpu_device_ids,
-    HOST_ARG,
-    LaunchRequest,
-    engines_by_host,
-    parse_hosts,
-    plan_launch,
-    ssh_options,
-)
+from jaxcluster.hosts import HOST_ARG, engines_by_host, parse_hosts, ssh_options
+from jaxcluster.launchers import LaunchRequest, gpu_device_ids, plan_launch
 
 
 @pytest.mark.parametrize(
@@ -118,7 +111,9 @@ def test_launcher_args_reach_the_cluster_unquoted_through_the_magic(monkeypatch)
                     "nodes": 4}
     seen.clear()
     with pytest.raises(UsageError, match="stop here"):
-        shell.run_line_magic("jax_cluster", "start --launcher ssh --hosts h1,h2 --engines-per-host 3")
+        shell.run_line_magic(
+            "jax_cluster", "start --launcher ssh --hosts h1,h2 --engines-per-host 3"
+        )
     assert seen["nodes"] == 6  # --nodes left out: hosts × engines per host
 
 
@@ -155,5 +150,7 @@ def test_watchdog_kills_ssh_engines_over_ssh_never_by_local_pid():
         (None, 2, 1, 4, None),  # JAX's choice: CPU devices, no GPU restriction
     ],
 )
-def test_processes_sharing_a_host_take_their_own_gpus(platform, per_process, local_rank, on_host, expected):
+def test_processes_sharing_a_host_take_their_own_gpus(
+    platform, per_process, local_rank, on_host, expected
+):
     assert gpu_device_ids(platform, per_process, local_rank, on_host) == expected

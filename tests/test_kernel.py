@@ -22,7 +22,7 @@ from jupyter_client import KernelManager
 
 from jaxcluster import kernelspec
 from jaxcluster.__main__ import main as cli
-from jaxcluster.kernel import cell_kind, remote_code, spmd_lines
+from jaxcluster.kernel_cells import cell_kind, help_request, remote_code, spmd_lines
 from tests.conftest import cluster_processes, wait_until_gone
 
 REPO = Path(__file__).resolve().parent.parent
@@ -142,6 +142,22 @@ def test_remote_code():
     assert remote_code("x = 1\n", 6) == ("x = 1\n", 6, 0)
 
 
+@pytest.mark.parametrize(
+    "argument, level, expected",
+    [
+        ("x", 0, ("x", 0)),  # x?
+        ("np.linalg.norm", 1, ("np.linalg.norm", 1)),  # x??
+        ("  x  ", 0, ("x", 0)),
+        ("?x", 0, ("x", 1)),  # %pinfo ?x and %pinfo x? ask for detail, as in IPython
+        ("x?", 0, ("x", 1)),
+        ("pinfo x", 0, ("x", 1)),
+        ("", 0, ("", 0)),
+    ],
+)
+def test_help_request(argument, level, expected):
+    assert help_request(argument, level) == expected
+
+
 # -- a real kernel ------------------------------------------------------------------------------
 
 
@@ -184,7 +200,10 @@ class Kernel:
         return text
 
     def cluster_id(self) -> str:
-        code = "%%local\nfrom jaxcluster import magics\nprint(magics._magics.cluster.cluster_id)"
+        code = (
+            "%%local\nfrom jaxcluster import magics\n"
+            "print(magics.loaded_magics().cluster.cluster_id)"
+        )
         cluster_id = self.text(code).split()[-1]
         self.cluster_ids.add(cluster_id)
         return cluster_id
@@ -194,7 +213,7 @@ class Kernel:
         if self.km.has_kernel:
             try:
                 self.km.shutdown_kernel(now=False)
-            except Exception:  # noqa: BLE001 - killed below
+            except Exception:  # killed below
                 self.km.shutdown_kernel(now=True)
         for cluster_id in self.cluster_ids:  # a failed test must not leave engines behind
             for proc in cluster_processes(cluster_id):

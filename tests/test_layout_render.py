@@ -5,6 +5,7 @@ Runs in-process JAX on 8 CPU devices; no cluster needed.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 
@@ -15,10 +16,9 @@ import pytest
 # Process-local settings (not JAX_PLATFORMS in os.environ, which engines started by other test
 # modules would inherit). They only take effect if no test touched JAX's backend before us.
 jax.config.update("jax_platforms", "cpu")
-try:
+# RuntimeError: the backend was initialized by an earlier test module; the count is checked below
+with contextlib.suppress(RuntimeError):
     jax.config.update("jax_num_cpu_devices", 8)
-except RuntimeError:
-    pass  # backend already initialized by an earlier test module; the count is checked below
 
 CPU = jax.devices("cpu")
 if len(CPU) < 8:
@@ -221,7 +221,7 @@ devices by process: p0: 0, 1, 2, 3, 4, 5, 6, 7"""
 
 
 def test_text_2d_grid(mesh: Mesh) -> None:
-    if IDS != list(range(8)):
+    if list(range(8)) != IDS:
         pytest.skip("golden text assumes CPU device ids 0..7")
     assert render_sharding_text(layout_for(mesh, (8, 4), P("x", "y"))) == EXPECTED_TEXT_XY
 
@@ -245,7 +245,7 @@ def test_html_2d_grid(mesh: Mesh) -> None:
     colours = device_colours(layout_for(mesh, (8, 4), P("x", "y")))
     assert len(set(colours.values())) == 8
     assert html.count('class="jc-legend-item"') == 8
-    for dev, colour in colours.items():
+    for colour in colours.values():
         assert f"background:{colour};" in html
 
 
@@ -326,7 +326,7 @@ def test_3d_view_and_stacks(mesh: Mesh) -> None:
 
     with pytest.raises(ValueError, match="must be different"):
         render_sharding_html(layout, rows=1, cols=1)
-    with pytest.raises(ValueError, match="use 0..2"):
+    with pytest.raises(ValueError, match=r"use 0\.\.2"):
         render_sharding_html(layout, rows=3, cols=0)
 
 

@@ -10,7 +10,7 @@ import time
 import pytest
 
 from jaxcluster import ConfigError, JaxCluster, JaxClusterError
-from jaxcluster.cluster import _launch_order
+from jaxcluster.distributed import launch_order
 from jaxcluster.launchers import LaunchRequest, plan_launch
 from tests.conftest import cluster_processes, wait_until_gone
 from tests.multihost import expected_psum, index_rank_psum
@@ -73,10 +73,10 @@ def test_missing_mpiexec_is_a_clear_error(monkeypatch):
 
 def test_process_order_follows_distinct_ranks_only():
     identities = {7: {"rank": 1}, 8: {"rank": 0}, 9: {"rank": 2}}
-    assert _launch_order([7, 8, 9], identities) == [8, 7, 9]
+    assert launch_order([7, 8, 9], identities) == [8, 7, 9]
     # local engines inherit the notebook's own rank, if any: one value for all
-    assert _launch_order([7, 8], {7: {"rank": 0}, 8: {"rank": 0}}) == [7, 8]
-    assert _launch_order([7, 8], {7: {"rank": None}, 8: {"rank": 0}}) == [7, 8]
+    assert launch_order([7, 8], {7: {"rank": 0}, 8: {"rank": 0}}) == [7, 8]
+    assert launch_order([7, 8], {7: {"rank": None}, 8: {"rank": 0}}) == [7, 8]
 
 
 @needs_mpiexec

@@ -77,26 +77,40 @@ def test_start_shows_a_progress_widget_then_the_summary(kernel):
 
 
 def test_spmd_streams_output_while_the_cell_runs(kernel):
+    # the live view keeps the last JaxClusterMagics.live_tail lines; the final output has all
+    execute(kernel, "%config JaxClusterMagics.live_tail = 3")
     code = ("%%spmd\nimport time\nfor i in range(8):\n"
             "    print('line', i, flush=True)\n    time.sleep(1)")
     messages, reply = execute(kernel, code, timeout=60)
+    execute(kernel, "%config JaxClusterMagics.live_tail = 200")
     assert reply["content"]["status"] == "ok"
-    first = next(t for t, m in messages
-                 if "line 0" in m["content"].get("data", {}).get("text/plain", ""))
+    live = [(t, m["content"].get("data", {}).get("text/plain", "")) for t, m in messages]
+    first = next(t for t, text in live if "line 0" in text)
     assert first < 2.0, f"first line shown after {first:.2f} s"
-    last_line_at = next(t for t, m in messages
-                        if "line 7" in m["content"].get("data", {}).get("text/plain", ""))
+    last_line_at = next(t for t, text in live if "line 7" in text)
     assert last_line_at > 6.0  # it really streamed: the last line came much later
+    assert any("… 4 earlier lines …\nline 4\nline 5\nline 6\nline 7" in text for _, text in live)
     texts = [t for t in final_texts(messages) if t]
     assert texts == ["[processes 0-1]\n" + "\n".join(f"line {i}" for i in range(8))]
 
 
-def test_slow_silent_cell_leaves_no_output(kernel):
-    # the live status appears after half a second; with nothing to show it must go again
+def test_slow_silent_cell_shows_nothing_in_the_end(kernel):
+    # the live status appears after half a second; with nothing to show it empties again
     messages, reply = execute(kernel, "%%spmd\nimport time\ntime.sleep(2)")
     assert reply["content"]["status"] == "ok"
     assert any(m["msg_type"] == "display_data" for _, m in messages)  # the live status
-    assert final_texts(messages) == []
+    assert [t for t in final_texts(messages) if t] == []
+
+
+def test_the_live_area_leaves_earlier_output_of_the_cell_alone(kernel):
+    # as the kernel's "JAX cluster ready" line before a slow, silent first cell
+    code = ("print('JAX cluster ready')\n"
+            "get_ipython().run_cell_magic('spmd', '', 'import time\\ntime.sleep(2)')")
+    messages, reply = execute(kernel, code)
+    assert reply["content"]["status"] == "ok"
+    assert any(m["msg_type"] == "display_data" for _, m in messages)  # the live status
+    assert not any(m["msg_type"] == "clear_output" for _, m in messages)
+    assert [t for t in final_texts(messages) if t] == ["JAX cluster ready\n"]
 
 
 def test_failing_cell_is_an_error_reply_with_process_labels(kernel):
@@ -108,6 +122,6 @@ def test_failing_cell_is_an_error_reply_with_process_labels(kernel):
     assert len(errors) == 1
     assert errors[0]["ename"] == "SPMDError"
     assert any("[process 1]" in line for line in errors[0]["traceback"])
-    assert "process 1 raised ValueError: only 1" == errors[0]["evalue"]
+    assert errors[0]["evalue"] == "process 1 raised ValueError: only 1"
     messages, reply = execute(kernel, "%jax_cluster stop")
     assert reply["content"]["status"] == "ok"

@@ -11,7 +11,8 @@ from jaxcluster.stacks import main_thread_stack
 
 @pytest.mark.parametrize(
     "indices, text",
-    [([0, 1, 2, 3], "0-3"), ([0, 2], "0,2"), ([0, 1, 2, 5], "0-2,5"), ([3], "3"), ([2, 0, 2], "0,2")],
+    [([0, 1, 2, 3], "0-3"), ([0, 2], "0,2"), ([0, 1, 2, 5], "0-2,5"), ([3], "3"),
+     ([2, 0, 2], "0,2")],
 )
 def test_format_ranges(indices, text):
     assert format_ranges(indices) == text

@@ -125,7 +125,8 @@ def test_global_psum_over_both_hosts(cluster):
     def global_sum():
         import jax
         import jax.numpy as jnp
-        from jax.sharding import NamedSharding, PartitionSpec as P
+        from jax.sharding import NamedSharding
+        from jax.sharding import PartitionSpec as P
 
         mesh = jax.make_mesh((jax.device_count(),), ("d",))
         # each device holds its global device index + 1

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import faulthandler
 import os
 import signal
 import sys
 
-# launchers.HOST_ARG; not imported from there, which would import traitlets before jax
+# hosts.HOST_ARG; not imported from there, which would import traitlets before jax
 HOST_ARG = "--jaxcluster-host="
 
 
@@ -26,10 +27,8 @@ def main() -> None:
     if "--mpi" in sys.argv:
         sys.argv.remove("--mpi")
     _dump_stacks_on_sigusr1()
-    try:
+    with contextlib.suppress(Exception):  # see above
         import jax  # noqa: F401
-    except Exception:  # noqa: BLE001 - see above
-        pass
     from ipyparallel.engine.app import main as engine_main
 
     engine_main()
@@ -48,9 +47,12 @@ def _dump_stacks_on_sigusr1() -> None:
     stack_dir = os.environ.get("JAXCLUSTER_STACK_DIR")
     if not stack_dir or not os.path.isdir(stack_dir):
         return
+    path = os.path.join(stack_dir, f"{os.getpid()}.txt")
     # append mode: the client truncates the file before each dump
-    stack_file = open(os.path.join(stack_dir, f"{os.getpid()}.txt"), "a")  # noqa: SIM115
+    stack_file = open(path, "a")  # noqa: SIM115 - open for the process's lifetime
     faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
+    # process.identity reports it: only an engine that dumps its stacks gets SIGUSR1
+    os.environ["JAXCLUSTER_STACK_FILE"] = path
 
 
 if __name__ == "__main__":

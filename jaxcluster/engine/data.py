@@ -1,4 +1,4 @@
-"""The engine side of pull and push (see ``data.py``): runs inside each JAX process.
+"""The engine side of pull and push (see ``jaxcluster.data``): runs inside each JAX process.
 
 One pull or push is a few calls that share a token; what a call leaves for the next one is held
 in ``_held[token]`` until ``release(token)`` or ``commit(token, name)``. Data goes either through
@@ -90,7 +90,10 @@ def describe(name: str, token: str, send_value: bool, probe: str | None) -> list
     notebook) and a description of each jax.Array in the value. Processes that only serve
     shards (``send_value`` false) pickle into nothing, to find the same arrays in the same order.
     """
-    info = {"defined": name in _namespace(), "shared_memory": bool(probe and os.path.exists(probe))}
+    info: dict[str, Any] = {
+        "defined": name in _namespace(),
+        "shared_memory": bool(probe and os.path.exists(probe)),
+    }
     if not info["defined"]:
         return [info]
     buffers: list = []

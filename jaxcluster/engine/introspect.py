@@ -1,15 +1,20 @@
-"""What process 0 runs for the kernel's completion and ``x?`` inspection.
+"""What process 0 runs for the JAX Cluster kernel's completion and ``x?`` inspection.
 
-Shipped by reference through ipyparallel: they import what they need on the engine, where
-``get_ipython()`` is the engine's own shell and its namespace is the cells' namespace.
+The kernel sends them with ipyparallel's ``apply_async``, which ships a function's code and
+rebuilds it on the engine over this module, imported there by name. On the engine
+``get_ipython()`` is the engine's own shell, whose namespace is the cells' namespace. The
+replies are plain dicts, so only builtins travel back. IPython is imported lazily, as
+everywhere in ``engine/``.
 """
 
 from __future__ import annotations
 
+from typing import Any
 
 
-def complete(code: str, cursor_pos: int) -> dict:
-    """A complete_reply's content computed by this engine's IPython (as ipykernel does)."""
+def complete(code: str, cursor_pos: int) -> dict[str, Any]:
+    """A ``complete_reply``'s content for ``code`` with the cursor at ``cursor_pos``, computed
+    by this engine's IPython the way ipykernel computes it (matches with their types)."""
     from IPython import get_ipython
     from IPython.core.completer import provisionalcompleter, rectify_completions
 
@@ -31,9 +36,10 @@ def complete(code: str, cursor_pos: int) -> dict:
 
 
 def inspect_name(
-    code: str, cursor_pos: int, detail_level: int, omit_sections: tuple = ()
-) -> dict | None:
-    """The mime bundle ``x?`` would show for the name at the cursor, or None if unknown."""
+    code: str, cursor_pos: int, detail_level: int, omit_sections: tuple[str, ...] = ()
+) -> dict[str, Any] | None:
+    """The mime bundle ``x?`` (``detail_level`` 0) or ``x??`` (1) would show for the name at
+    the cursor, or None if this engine's namespace does not know it."""
     from IPython import get_ipython
     from IPython.utils.tokenutil import token_at_cursor
 

@@ -3,56 +3,38 @@
 On an engine, ``show_sharding`` and JAX's own ``jax.debug.visualize_array_sharding`` /
 ``visualize_sharding`` (replaced on every engine by ``install``) publish the layout as plain data
 under ``SHARDING_MIME`` with text and HTML twins; every process publishes the same bundle, so
-``%%spmd`` collapses them to one, and the notebook turns it into one ``ShardingWidget``.
+``%%spmd`` collapses them to one, and the notebook turns it into one picture. How a layout is
+shown is decided in one place, :func:`jaxcluster.display.show_sharding`.
 Only metadata is used (``devices_indices_map``), so arrays no process can read work too.
 """
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from ..layout import array_layout, sharding_layout
-from ..render.sharding import render_sharding_html, render_sharding_text
+from ..render.sharding import SHARDING_MIME
 
-SHARDING_MIME = "application/vnd.jaxcluster.sharding+json"
-
-
-def layout_bundle(layout: dict) -> dict[str, Any]:
-    return {
-        SHARDING_MIME: layout,
-        "text/plain": render_sharding_text(layout),
-        "text/html": render_sharding_html(layout),
-    }
+__all__ = ["SHARDING_MIME", "install", "show_sharding"]
 
 
-def on_engine() -> bool:
-    return bool(os.environ.get("IPP_CLUSTER_ID"))
+def _show(layout: dict[str, Any]) -> None:
+    from ..display import show_sharding as show  # IPython only once something is shown
 
-
-def publish(layout: dict) -> None:
-    """Show a layout: as data for the notebook on an engine, as a widget locally."""
-    from IPython.display import display
-
-    if on_engine():
-        display(layout_bundle(layout), raw=True)
-    else:
-        from ..widgets import ShardingWidget
-
-        display(ShardingWidget(layout))
+    show(layout)
 
 
 def show_sharding(x: Any) -> None:
     """Show how the ``jax.Array`` ``x`` is laid out over the global devices, as one picture."""
-    publish(array_layout(x))
+    _show(array_layout(x))
 
 
 def _visualize_array_sharding(arr: Any, **_ignored: Any) -> None:
-    publish(array_layout(arr))
+    _show(array_layout(arr))
 
 
 def _visualize_sharding(shape: Any, sharding: Any, **_ignored: Any) -> None:
-    publish(sharding_layout(shape, "unknown", sharding))
+    _show(sharding_layout(shape, "unknown", sharding))
 
 
 def install() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from .table import html_table, text_table
+from .table import Group, TableStyle, html_table, text_table
 
 HEADERS = ("process", "engine", "host", "pid", "local devices", "platform", "state")
 
@@ -26,11 +26,9 @@ def _rows(statuses: Sequence[Any]) -> list[list[object]]:
 
 
 def status_text(statuses: Sequence[Any]) -> str:
-    return text_table(HEADERS, _rows(statuses))
+    return text_table(HEADERS, [Group(_rows(statuses))])
 
 
 def status_html(statuses: Sequence[Any]) -> str:
-    return html_table(
-        HEADERS, _rows(statuses), row_classes=[f"jc-{s.state}" for s in statuses],
-        css_class="jc-table jc-status",
-    )
+    group = Group(_rows(statuses), row_classes=[f"jc-{s.state}" for s in statuses])
+    return html_table(HEADERS, [group], TableStyle(css_class="jc-table jc-status"))

@@ -1,0 +1,67 @@
+"""``connect``'s first half: a client of a controller started elsewhere, and its engines.
+
+The controller is found the way ipyparallel finds it: by connection file, else by profile and
+cluster id (``ipcluster start`` and ``ipyparallel.Cluster`` write it there).
+"""
+
+from __future__ import annotations
+
+import os
+
+import ipyparallel as ipp
+
+from .contracts import Progress
+from .errors import ConfigError, JaxClusterError
+
+
+def attach_client(
+    profile: str | None, cluster_id: str | None, url_file: str | None, timeout: float
+) -> ipp.Client:
+    """A client of a controller started elsewhere, or a one-line error naming the fix."""
+    if url_file:
+        path = os.path.expanduser(url_file)
+        where = f"--url-file {url_file}"
+        lookup: dict = {}
+    else:
+        profile = profile or "default"
+        # ipyparallel's own profile lookup ($IPYTHONDIR), without a wait for a missing file
+        profile_dir = ipp.Cluster(profile=profile, cluster_id=cluster_id or "").profile_dir
+        name = f"ipcontroller-{cluster_id + '-' if cluster_id else ''}client.json"
+        path = os.path.join(profile_dir, "security", name)
+        where = f"profile {profile}" + (f", cluster id {cluster_id}" if cluster_id else "")
+        lookup = {"profile_dir": profile_dir, "cluster_id": cluster_id}
+    if not os.path.isfile(path):
+        raise ConfigError(
+            f"No controller found ({where}): {path} does not exist. Start one (e.g. ipcluster "
+            "start -n 4) or name it with --profile, --cluster-id or --url-file."
+        )
+    try:
+        if lookup:
+            return ipp.Client(timeout=timeout, **lookup)
+        return ipp.Client(path, timeout=timeout)
+    except TimeoutError:
+        raise JaxClusterError(
+            f"The controller of {path} did not answer within {timeout:g} s: it is not running "
+            "(a stale file?) or not reachable from here. Start it again, or raise --timeout."
+        ) from None
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"Cannot connect with {path}: {e}") from None
+
+
+def registered_engines(
+    client: ipp.Client, nodes: int | None, timeout: float, progress: Progress | None
+) -> list[int]:
+    """The controller's engines, once ``nodes`` (or at least one) have registered."""
+    wanted = nodes or 1
+    try:
+        client.wait_for_engines(wanted, timeout=timeout, interactive=False)
+    except TimeoutError:
+        raise JaxClusterError(
+            f"Only {len(client.ids)} of {wanted} engines registered with the controller "
+            f"within {timeout:g} s. Start them where the controller runs (e.g. "
+            "ipcluster engines -n 4), or raise --timeout."
+        ) from None
+    engine_ids = sorted(client.ids)[:nodes]
+    if progress:
+        progress("engines registered", len(engine_ids), len(engine_ids))
+    return engine_ids

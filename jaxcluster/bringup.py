@@ -1,0 +1,234 @@
+"""From a launch plan to engines up: controller, watchdog, client, engines registered.
+
+Every wait is bounded by the cluster's timeout, and an engine that ends before registering
+fails the start at once, with its output. ``jax.distributed`` on the engines is
+``distributed.py``'s part.
+"""
+
+from __future__ import annotations
+
+import atexit
+import concurrent.futures
+import contextlib
+import logging
+import os
+import subprocess
+import time
+import weakref
+from dataclasses import dataclass
+from typing import Protocol
+
+import ipyparallel as ipp
+
+from . import _watchdog, engine_sets
+from .contracts import Progress
+from .engine import process as _engine
+from .errors import JaxClusterError
+from .event_loop import LoopThread
+from .hosts import engines_by_host
+from .launchers import plan_launch
+from .options import ClusterOptions
+
+# beyond the cluster's timeout, for ipyparallel's own steps around the processes
+MARGIN_SECONDS = 30
+# seconds the hosts get to say who they are, when an error is named by host
+IDENTIFY_SECONDS = 5
+
+
+class Stoppable(Protocol):
+    def stop(self) -> None: ...
+
+
+# Clusters that are running, stopped at interpreter exit before ipyparallel's own atexit hook
+# (which would first wait for each engine to ignore a SIGTERM). Registered after ipyparallel's
+# hook, once a controller has started, because atexit runs the last registered first.
+_running: weakref.WeakSet[Stoppable] = weakref.WeakSet()
+_atexit_registered = False
+
+
+def stop_at_exit(cluster: Stoppable) -> None:
+    """Stop ``cluster`` when the interpreter exits, unless ``stopped`` was told first."""
+    global _atexit_registered
+    _running.add(cluster)
+    if not _atexit_registered:
+        atexit.register(_stop_running_clusters)
+        _atexit_registered = True
+
+
+def stopped(cluster: Stoppable) -> None:
+    _running.discard(cluster)
+
+
+def _stop_running_clusters() -> None:
+    for cluster in list(_running):
+        cluster.stop()
+
+
+@dataclass
+class Launched:
+    """An ``ipyparallel.Cluster`` we start, and what we keep about it."""
+
+    ipp_cluster: ipp.Cluster
+    controller_ip: str
+    client: ipp.Client | None = None
+    watchdog: subprocess.Popen | None = None
+
+
+def plan(options: ClusterOptions, stack_dir: str) -> Launched:
+    """The cluster as planned (nothing runs yet); raises what cannot work, e.g. a host that
+    ssh cannot reach."""
+    launch = plan_launch(options.launch_request(stack_dir))
+    if launch.preflight:
+        launch.preflight()
+    cluster = ipp.Cluster(
+        n=options.nodes,
+        engines=launch.engine_launcher,
+        controller_ip=launch.controller_ip,
+        controller_args=launch.controller_args,
+        delay=0,
+        log_level=logging.ERROR,
+        engine_timeout=int(options.timeout),
+        config=launch.config,
+        **({"profile_dir": options.profile_dir} if options.profile_dir else {}),
+    )
+    return Launched(cluster, launch.controller_ip)
+
+
+def start_controller(launched: Launched, options: ClusterOptions, loop: LoopThread) -> None:
+    """The controller, its watchdog (for when this process dies) and a client of it."""
+    cluster = launched.ipp_cluster
+    bound = options.timeout + MARGIN_SECONDS
+    loop.run(cluster.start_controller(), bound, "start the controller")
+    # ipyparallel writes it with the default umask; it names hosts, pids and ssh options
+    os.chmod(cluster.cluster_file, 0o600)
+    launched.watchdog = _watchdog.start(cluster.cluster_file)
+    launched.client = loop.run(cluster.connect_client(), bound, "connect to the controller")
+
+
+def start_engines(
+    launched: Launched, options: ClusterOptions, loop: LoopThread, progress: Progress | None
+) -> list[int]:
+    """Start the engines; their ids, in registration order, once all have registered."""
+    cluster, client = launched.ipp_cluster, launched.client
+    assert client is not None
+    known = set(client.ids)
+    try:
+        loop.run(
+            cluster.start_engines(options.nodes), options.timeout + MARGIN_SECONDS,
+            "start the engines",
+        )
+    except Exception as e:
+        hosts = engine_sets.unstarted_hosts(cluster) if options.hosts else []
+        where = f" on {', '.join(hosts)}" if hosts else ""
+        raise JaxClusterError(f"Could not start the engines{where}: {e}") from None
+    return _registered(launched, known, options, progress)
+
+
+def stop_engines(launched: Launched, options: ClusterOptions, loop: LoopThread) -> None:
+    """End the engines (the controller stays)."""
+    cluster = launched.ipp_cluster
+    engine_sets.kill_engines(cluster, lambda c: loop.run(c, options.timeout, "signal the engines"))
+    loop.run(cluster.stop_engines(), options.timeout + MARGIN_SECONDS, "stop the engines")
+
+
+def shut_down(launched: Launched, options: ClusterOptions, loop: LoopThread) -> None:
+    """End engines, controller and watchdog; whatever ipyparallel does not stop in time is
+    killed the way the watchdog would kill it."""
+    cluster = launched.ipp_cluster
+    if launched.client is not None:
+        launched.client.close()
+    try:
+        engine_sets.kill_engines(
+            cluster, lambda c: loop.run(c, options.timeout, "signal the engines")
+        )
+        loop.run(cluster.stop_cluster(), options.timeout + MARGIN_SECONDS, "stop the cluster")
+    except JaxClusterError:
+        with contextlib.suppress(OSError):
+            cluster.update_cluster_file()
+        _watchdog.kill_cluster(cluster.cluster_file)
+    finally:
+        _watchdog.stop(launched.watchdog)
+        launched.watchdog = None
+
+
+def _registered(
+    launched: Launched, known: set[int], options: ClusterOptions, progress: Progress | None
+) -> list[int]:
+    """The new engines' ids once ``options.nodes`` have registered; fail fast on ended ones."""
+    client = launched.client
+    assert client is not None
+    deadline = time.monotonic() + options.timeout
+    ended = engine_sets.any_engine_ends(launched.ipp_cluster)
+    reported = -1
+    while True:
+        new = sorted(set(client.ids) - known)
+        if progress and len(new) != reported:
+            reported = len(new)
+            progress("engines registered", min(len(new), options.nodes), options.nodes)
+        if len(new) >= options.nodes:
+            return new[: options.nodes]
+        if ended.done():
+            _raise_exited(launched, options)
+            # a set that ended without a record of its engines (a batch job): wait it out
+            ended = concurrent.futures.Future()
+        left = deadline - time.monotonic()
+        if left <= 0:
+            _raise_short(launched, new, options)
+        # one more engine (an old one unregistering after a restart also wakes this)
+        one_more = client.wait_for_engines(
+            len(client.ids) + 1, timeout=left, block=False, interactive=False
+        )
+        concurrent.futures.wait(
+            [one_more, ended], timeout=left, return_when=concurrent.futures.FIRST_COMPLETED
+        )
+
+
+def _raise_exited(launched: Launched, options: ClusterOptions) -> None:
+    cluster = launched.ipp_cluster
+    exited = engine_sets.exited_engines(cluster)
+    if not exited:
+        return  # ipyparallel noticed the end and records it in a moment; the loop asks again
+    hosts = sorted({engine_sets.launch_host(data) for data, _ in exited} - {""})
+    raise JaxClusterError(
+        f"{len(exited)} engine(s) exited before registering with the controller"
+        f"{' on ' + ', '.join(hosts) if hosts else ''}.{reach_hint(launched, options)} "
+        "Their output:\n" + "\n".join(engine_sets.exited_engine_output(cluster))
+    )
+
+
+def _raise_short(launched: Launched, new: list[int], options: ClusterOptions) -> None:
+    short = _hosts_short_of_engines(launched, new, options)
+    raise JaxClusterError(
+        f"Only {len(new)} of {options.nodes} engines registered within {options.timeout:g} s"
+        f"{' (missing on ' + ', '.join(short) + ')' if short else ''}. "
+        + engine_sets.slurm_jobs_note(launched.ipp_cluster)
+        + f"Raise --timeout if the hosts are slow to start.{reach_hint(launched, options)}"
+    )
+
+
+def _hosts_short_of_engines(
+    launched: Launched, registered: list[int], options: ClusterOptions
+) -> list[str]:
+    """The hosts with fewer registered engines than asked for, by what those engines say."""
+    client = launched.client
+    if not options.hosts or client is None:
+        return []
+    pending = [client[eid].apply_async(_engine.identity) for eid in registered]
+    concurrent.futures.wait(pending, timeout=IDENTIFY_SECONDS)
+    found: dict[str, int] = {}
+    for ar in pending:
+        # an engine that cannot answer counts as missing
+        if ar.done() and ar.exception() is None:
+            host = ar.result()["host"]
+            found[host] = found.get(host, 0) + 1
+    expected = engines_by_host(options.nodes, options.hosts, options.engines_per_host)
+    return [host for host, n in expected.items() if found.get(host, 0) < n]
+
+
+def reach_hint(launched: Launched, options: ClusterOptions) -> str:
+    if not options.hosts:
+        return ""
+    return (
+        f" Engines connect back to the controller at {launched.controller_ip}: check that "
+        "every host can reach that address (routes, firewall), or choose another with --ip."
+    )

@@ -1,0 +1,228 @@
+"""One pull or push: its ``Transfer`` record, its engine calls, and the clean-up after it.
+
+Calls go to the engines in a bounded window (at most ``WINDOW`` waiting on one engine, and a
+quarter of the data, at most ``IN_FLIGHT_BYTES``, on its way), and every wait on them is
+bounded by the cluster's timeout.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import gc
+import keyword
+import math
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import ipyparallel as ipp
+import numpy as np
+
+from ..contracts import ClusterHandle
+from ..engine import data as engine
+from ..errors import ConfigError, JaxClusterError, engine_error_message
+from ..output import process_label
+from .shared_files import SharedFiles
+
+PIECE_BYTES = 16 * 2**20
+IN_FLIGHT_BYTES = 64 * 2**20
+WINDOW = 2  # calls queued on one engine: one running, the next one waiting
+CLEANUP_SECONDS = 10.0
+
+
+@dataclass
+class Transfer:
+    """What one pull or push moved, by process index; a pull's ``value`` is what arrived."""
+
+    direction: Literal["pull", "push"]
+    name: str
+    value: Any = field(default=None, repr=False, compare=False)
+    shards: dict[int, int] = field(default_factory=dict)  # distinct array shards, from/to it
+    nbytes: dict[int, int] = field(default_factory=dict)
+    shared_memory: set[int] = field(default_factory=set)  # processes that used /dev/shm
+    seconds: float = 0.0
+
+    def add(self, process: int, nbytes: int, shards: int = 0) -> None:
+        self.nbytes[process] = self.nbytes.get(process, 0) + nbytes
+        if shards:
+            self.shards[process] = self.shards.get(process, 0) + shards
+
+
+def check_name(name: str) -> None:
+    """Both directions move a variable: ``name`` must be one."""
+    if not (isinstance(name, str) and name.isidentifier() and not keyword.iskeyword(name)):
+        raise ConfigError(
+            f"{name!r} is not a variable name. Assign the value to a variable first "
+            "(e.g. y = state.params) and use that name."
+        )
+
+
+def row_ranges(a: np.ndarray) -> Iterator[tuple[int, int]]:
+    """Ranges of rows of at most PIECE_BYTES (at least one row; one empty range if no rows)."""
+    row_bytes = max(1, a[0].nbytes if len(a) else 1)
+    step = max(1, PIECE_BYTES // row_bytes)
+    for start in range(0, max(len(a), 1), step):
+        yield start, min(start + step, len(a))
+
+
+@dataclass
+class Call:
+    process: int
+    # (engine function, *args), or a function that makes them just before the call is sent
+    request: tuple[Any, ...] | Callable[[], tuple[Any, ...]]
+    on_reply: Callable[[Any], Any] | None = None
+    nbytes: int = 0  # data on its way while the call runs (see Session.run)
+
+
+class Session:
+    """One pull or push: its token, engine calls, /dev/shm files, and the clean-up after it."""
+
+    def __init__(
+        self,
+        cluster: ClusterHandle,
+        direction: Literal["pull", "push"],
+        name: str,
+        shared_memory: bool,
+    ) -> None:
+        self.cluster = cluster
+        self.client = cluster.client
+        self.views = {p.process_index: self.client[p.engine_id] for p in cluster.processes}
+        self.token = uuid.uuid4().hex
+        self.files = SharedFiles(shared_memory, PIECE_BYTES)
+        self.shared: set[int] = set()  # processes that see our /dev/shm files
+        self.transfer = Transfer(direction, name)
+        self.began = time.perf_counter()
+        self._sent: list[str] = []
+        self._uncollected = 0  # bytes of handled replies not yet freed (see _collect)
+        self._budget = IN_FLIGHT_BYTES  # bytes that may be on their way (see run)
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.transfer.seconds = time.perf_counter() - self.began
+        try:
+            self.run(
+                [Call(p, (engine.release, self.token)) for p in self.views],
+                stall=CLEANUP_SECONDS,
+            )
+        finally:
+            self.files.close()
+            self._forget(self._sent)
+            if self._uncollected:
+                gc.collect()
+
+    def output(
+        self, shape: tuple[int, ...], dtype: Any, shared: bool
+    ) -> tuple[np.ndarray, str | None]:
+        """A new array to fill; in /dev/shm (with its path) when ``shared`` and there is room."""
+        made = self.files.create(math.prod(shape) * np.dtype(dtype).itemsize) if shared else None
+        if made is None:
+            return np.empty(shape, dtype), None
+        path, mapping = made
+        return np.frombuffer(mapping, dtype, math.prod(shape)).reshape(shape), path
+
+    def sees_files(self, process: int) -> Callable[[bool], None]:
+        """An ``on_reply`` that notes whether ``process`` found our probe file."""
+
+        def note(found: bool) -> None:
+            if found:
+                self.shared.add(process)
+
+        return note
+
+    def commit(self, name: str) -> None:
+        self.check(self.run([Call(p, (engine.commit, self.token, name)) for p in self.views]),
+                   f"assign {name!r} (other processes may have the new value)")
+
+    def check(self, errors: dict[int, str], what: str) -> None:
+        if errors:
+            details = "; ".join(f"{process_label([p])}: {m}" for p, m in sorted(errors.items()))
+            raise JaxClusterError(f"Could not {what}: {details}")
+
+    def run(self, calls: list[Call], stall: float | None = None) -> dict[int, str]:
+        """Send the calls, each process's in order, and hand each reply to its ``on_reply``.
+
+        At most WINDOW calls wait on one engine, and a quarter of the data (at most
+        IN_FLIGHT_BYTES) is on its way at once. After a failure nothing more is sent. Returns
+        each failed process's error; a process that does not answer within ``stall`` seconds
+        (default: the cluster's timeout) fails.
+        """
+        stall = self.cluster.timeout if stall is None else stall
+        queues: dict[int, deque[Call]] = {}
+        for call in calls:
+            queues.setdefault(call.process, deque()).append(call)
+        sizes = [call.nbytes for call in calls] or [0]
+        self._budget = min(IN_FLIGHT_BYTES, max(sum(sizes) // 4, max(sizes)))
+        running: dict[Any, Call] = {}  # ipyparallel AsyncResult (a Future) -> its call
+        errors: dict[int, str] = {}
+        while True:
+            if not errors:
+                self._send_more(queues, running)
+            if not running:
+                return errors
+            done: set[Any] = concurrent.futures.wait(
+                running, timeout=stall, return_when=concurrent.futures.FIRST_COMPLETED
+            ).done
+            if not done:
+                for call in running.values():
+                    errors[call.process] = f"no answer within {stall:g} s"
+                return errors
+            for ar in done:
+                call = running.pop(ar)
+                try:
+                    reply = ar.get(0)
+                except ipp.error.RemoteError as e:
+                    errors.setdefault(call.process, engine_error_message(e))
+                    continue
+                except Exception as e:  # the engine died, its reply did not unpickle, ...
+                    errors.setdefault(call.process, f"{type(e).__name__}: {e}")
+                    continue
+                finally:
+                    self._forget(ar.msg_ids)
+                if call.on_reply is not None:
+                    call.on_reply(reply)
+                self._collect(reply.nbytes if isinstance(reply, np.ndarray) else 0)
+
+    def _collect(self, nbytes: int) -> None:
+        """Free the array replies handled so far once they add up to what may be on its way.
+
+        ipyparallel's futures hold each reply in a reference cycle, which only the cycle
+        collector frees; without this a pull through ipyparallel would hold every piece.
+        """
+        self._uncollected += nbytes
+        if self._uncollected >= self._budget:
+            self._uncollected = 0
+            gc.collect()
+
+    def _send_more(self, queues: dict[int, deque[Call]], running: dict[Any, Call]) -> None:
+        in_flight = sum(c.nbytes for c in running.values())
+        waiting = {p: 0 for p in queues}
+        for call in running.values():
+            waiting[call.process] = waiting.get(call.process, 0) + 1
+        sent = True
+        while sent:  # round-robin, one call per process a turn
+            sent = False
+            for p, queue in queues.items():
+                if not queue or waiting[p] >= WINDOW:
+                    continue
+                call = queue[0]
+                if running and in_flight + call.nbytes > self._budget:
+                    return
+                queue.popleft()
+                request = call.request() if callable(call.request) else call.request
+                ar = self.views[p].apply_async(*request)
+                self._sent.extend(ar.msg_ids)
+                running[ar] = call
+                in_flight += call.nbytes
+                waiting[p] += 1
+                sent = True
+
+    def _forget(self, msg_ids: list[str]) -> None:
+        """Drop finished replies from the client's caches, so that their data can be freed."""
+        done = [m for m in msg_ids if m not in self.client.outstanding]
+        if done:
+            self.client.purge_local_results(jobs=done)

@@ -1,0 +1,73 @@
+"""The /dev/shm files of one transfer, through which engines on this host read and write."""
+
+from __future__ import annotations
+
+import contextlib
+import mmap
+import os
+import uuid
+
+SHARED_MEMORY_DIR = "/dev/shm"
+
+Slot = tuple[str, mmap.mmap]  # a file's path and its mapping here
+
+
+class SharedFiles:
+    """Files in /dev/shm of one transfer; all unlinked when it ends (mappings outlive them).
+
+    ``probe`` is an empty file that engines look for to tell whether they share this host's
+    /dev/shm; None when it is not to be used or cannot be.
+    """
+
+    def __init__(self, enabled: bool, slot_bytes: int) -> None:
+        self.probe: str | None = None
+        self.paths: set[str] = set()
+        self._slot_bytes = slot_bytes
+        self._free: list[Slot] = []
+        if enabled and os.path.isdir(SHARED_MEMORY_DIR):
+            prefix = os.path.join(SHARED_MEMORY_DIR, f"jaxcluster-{uuid.uuid4().hex}")
+            try:
+                os.close(os.open(prefix, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600))
+            except OSError:
+                return
+            self.probe = prefix
+            self.paths.add(prefix)
+
+    def create(self, nbytes: int) -> Slot | None:
+        """A new file of ``nbytes``, mapped; None where /dev/shm has no room for it."""
+        if self.probe is None or nbytes == 0:
+            return None
+        path = f"{self.probe}-{len(self.paths)}"
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+        self.paths.add(path)
+        try:
+            # reserved now: writing into a full /dev/shm would kill the writer with SIGBUS
+            os.posix_fallocate(fd, 0, nbytes)
+            return path, mmap.mmap(fd, nbytes)
+        except OSError:
+            self.unlink(path)
+            return None
+        finally:
+            os.close(fd)
+
+    def slot(self, nbytes: int) -> Slot | None:
+        """A file of at least ``nbytes`` for one piece on its way; ``free`` it once it arrived.
+
+        Reused, so that its memory is allocated once and bounded by what is on its way."""
+        for i, (_, mapping) in enumerate(self._free):
+            if len(mapping) >= nbytes:
+                return self._free.pop(i)
+        return self.create(max(nbytes, self._slot_bytes))
+
+    def free(self, slot: Slot) -> None:
+        self._free.append(slot)
+
+    def unlink(self, path: str) -> None:
+        self.paths.discard(path)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+
+    def close(self) -> None:
+        self._free.clear()
+        for path in list(self.paths):
+            self.unlink(path)

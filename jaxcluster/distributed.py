@@ -1,0 +1,248 @@
+"""``jax.distributed`` on registered engines: who is process 0, where the processes meet, which
+GPUs each takes, and a check that JAX agrees before the cluster is called ready.
+
+Also the ``connect`` case: engines that initialized JAX themselves are adopted as they are.
+"""
+
+from __future__ import annotations
+
+import errno
+from dataclasses import dataclass, field
+from typing import Any
+
+import ipyparallel as ipp
+
+from .contracts import ProcessInfo, Progress
+from .engine import process as _engine
+from .errors import JaxClusterError, engine_error_message
+from .gather import gather
+from .hosts import split_host_port
+from .launchers import gpu_device_ids
+from .options import DEFAULT_CPU_DEVICES, ClusterOptions
+
+
+@dataclass
+class JaxProcesses:
+    """The engines as one JAX job, in process order."""
+
+    processes: list[ProcessInfo]
+    coordinator: str | None = None  # None when JAX was initialized before we came
+    # process index -> where that engine dumps its stacks (see health.Health.dump_stacks)
+    stack_files: dict[int, str] = field(default_factory=dict)
+
+
+def initialize(
+    client: ipp.Client,
+    engine_ids: list[int],
+    options: ClusterOptions,
+    controller_ip: str | None,
+    progress: Progress | None = None,
+) -> JaxProcesses:
+    """``jax.distributed`` on these engines at once; process indices follow launch ranks."""
+    identities = engine_identities(client, engine_ids, controller_ip, options.timeout)
+    engine_ids = launch_order(engine_ids, identities)
+    if options.hosts:
+        # each host's processes get consecutive indices, hosts in --hosts order
+        engine_ids.sort(key=lambda eid: options.hosts.index(identities[eid]["host"]))
+    coordinator = coordinator_address(client, engine_ids[0], identities[engine_ids[0]], options)
+    gpus = gpu_assignment(engine_ids, identities, options)
+    pending = {
+        eid: client[eid].apply_async(
+            _engine.initialize,
+            coordinator,
+            len(engine_ids),
+            index,
+            options.timeout,
+            None if options.launcher == "local" else identities[eid]["address"],
+            # --coordinator may name an address that is not process 0's own (NAT)
+            options.coordinator is None,
+            gpus[eid],
+        )
+        for index, eid in enumerate(engine_ids)
+    }
+    results = gather(
+        pending, engine_ids, "initialize jax.distributed", options.timeout, progress,
+        "JAX initialized",
+    )
+    return _job(engine_ids, identities, results, options, coordinator)
+
+
+def adopt(
+    client: ipp.Client,
+    engine_ids: list[int],
+    options: ClusterOptions,
+    controller_ip: str | None,
+    progress: Progress | None = None,
+) -> JaxProcesses:
+    """Take the JAX processes as they are if all are initialized, else initialize them."""
+    states = gather(
+        {eid: client[eid].apply_async(_engine.jax_state) for eid in engine_ids},
+        engine_ids,
+        "report its JAX state",
+        options.timeout,
+    )
+    initialized = [eid for eid in engine_ids if states[eid] is not None]
+    if not initialized:
+        return initialize(client, engine_ids, options, controller_ip, progress)
+    if len(initialized) < len(engine_ids):
+        raise JaxClusterError(
+            f"jax.distributed is initialized on engines {initialized} but not on "
+            f"{sorted(set(engine_ids) - set(initialized))}: they are not one JAX job. "
+            "Restart the engines where they were started, then connect again."
+        )
+    counts = {states[eid]["process_count"] for eid in engine_ids}
+    if counts != {len(engine_ids)}:
+        raise JaxClusterError(
+            f"The engines belong to a JAX job of {sorted(counts)} processes, but "
+            f"{len(engine_ids)} engines are registered. Connect when all of them are "
+            "(--nodes N waits for N)."
+        )
+    identities = engine_identities(client, engine_ids, controller_ip, options.timeout)
+    if progress:
+        progress("JAX initialized", len(engine_ids), len(engine_ids))
+    return _job(engine_ids, identities, states, options, None)
+
+
+def engine_identities(
+    client: ipp.Client, engine_ids: list[int], controller_ip: str | None, timeout: float
+) -> dict[int, dict]:
+    """engine id -> ``engine.process.identity()`` there."""
+    return gather(
+        {eid: client[eid].apply_async(_engine.identity, controller_ip) for eid in engine_ids},
+        engine_ids,
+        "report where it runs",
+        timeout,
+    )
+
+
+def launch_order(engine_ids: list[int], identities: dict[int, dict]) -> list[int]:
+    """Engines by MPI/Slurm rank when every engine has a distinct one, else as given.
+
+    Local engines inherit the notebook's own rank variables (one value for all), hence the check.
+    """
+    ranks = [identities[eid].get("rank") for eid in engine_ids]
+    if None in ranks or len(set(ranks)) != len(ranks):
+        return list(engine_ids)
+    return sorted(engine_ids, key=lambda eid: identities[eid]["rank"])
+
+
+def coordinator_address(
+    client: ipp.Client, engine_id: int, identity: dict, options: ClusterOptions
+) -> str:
+    """Process 0's address that every process reaches (loopback when all are local), or
+    ``--coordinator``, with a port that is free on process 0 (checked there)."""
+    if options.coordinator:
+        host, wanted = split_host_port(options.coordinator, "--coordinator")
+        option = "--coordinator HOST:PORT"
+    else:
+        host = "127.0.0.1" if options.launcher == "local" else identity["address"]
+        wanted, option = options.coordinator_port or 0, "--coordinator-port P"
+    claim = client[engine_id].apply_async(_engine.claim_port, wanted)
+    try:
+        answer = claim.get(options.timeout)
+    except ipp.error.TimeoutError:
+        raise JaxClusterError(
+            f"Process 0 on {identity['host']} did not answer within {options.timeout:g} s "
+            "whether the coordinator port is free. Raise --timeout if the host is busy."
+        ) from None
+    except Exception as e:  # the engine died, or raised
+        raise JaxClusterError(
+            f"Process 0 on {identity['host']} could not check the coordinator port: "
+            f"{engine_error_message(e)}. Restart the cluster."
+        ) from None
+    if "port" not in answer:
+        raise JaxClusterError(port_claim_error(answer, wanted, identity["host"], option))
+    port = answer["port"]
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def port_claim_error(answer: dict[str, Any], port: int, host: str, option: str) -> str:
+    """Why process 0 cannot listen on ``port``, from ``engine.process.claim_port``'s answer."""
+    said = f"{answer.get('error')} (errno {answer.get('errno')})"
+    code = answer.get("errno")
+    if code == errno.EADDRINUSE:
+        cause = f"is already in use on {host} (process 0)"
+    elif code == errno.EACCES:
+        cause = (
+            f"is not open to this user on {host} (process 0): ports below 1024 need root"
+            if port < 1024 else f"may not be used by this user on {host} (process 0)"
+        )
+    elif code == errno.EADDRNOTAVAIL:
+        cause = f"cannot be bound on {host} (process 0): no such local address"
+    else:
+        cause = f"cannot be used on {host} (process 0)"
+    return (
+        f"The coordinator port {port} {cause}: {said}. Choose another with {option} (a free "
+        "port above 1024), or leave it out to use a free port."
+    )
+
+
+def gpu_assignment(
+    engine_ids: list[int], identities: dict[int, dict], options: ClusterOptions
+) -> dict[int, list[int] | None]:
+    """Each engine's GPUs: its own share where several processes run on one host."""
+    on_host: dict[tuple, list[int]] = {}
+    for eid in engine_ids:
+        on_host.setdefault((identities[eid]["host"], identities[eid]["address"]), []).append(eid)
+    assignment = {}
+    for eids in on_host.values():
+        for local_rank, eid in enumerate(eids):
+            assignment[eid] = gpu_device_ids(
+                options.platform, options.devices_per_node, local_rank, len(eids)
+            )
+    return assignment
+
+
+def _job(
+    engine_ids: list[int],
+    identities: dict[int, dict],
+    results: dict[int, dict],
+    options: ClusterOptions,
+    coordinator: str | None,
+) -> JaxProcesses:
+    processes = verified_processes(engine_ids, identities, results, options)
+    index_of = {p.engine_id: p.process_index for p in processes}
+    stack_files = {
+        index_of[eid]: identities[eid]["stack_file"]
+        for eid in engine_ids
+        if identities[eid].get("stack_file")
+    }
+    return JaxProcesses(processes, coordinator, stack_files)
+
+
+def verified_processes(
+    engine_ids: list[int],
+    identities: dict[int, dict],
+    results: dict[int, dict],
+    options: ClusterOptions,
+) -> list[ProcessInfo]:
+    """Check that JAX agrees with us before calling the cluster ready."""
+    seen = sorted(results[eid]["process_index"] for eid in engine_ids)
+    if seen != list(range(len(engine_ids))):
+        raise JaxClusterError(
+            f"JAX process indices {seen} do not cover 0..{len(engine_ids) - 1} once each."
+        )
+    global_counts = {results[eid]["global_device_count"] for eid in engine_ids}
+    expected = {sum(len(results[eid]["local_device_ids"]) for eid in engine_ids)}
+    # attached engines chose their own device count
+    cpu = results[engine_ids[0]]["platform"] == "cpu" and not options.attached
+    if options.platform in (None, "cpu") and cpu:
+        expected.add(len(engine_ids) * (options.devices_per_node or DEFAULT_CPU_DEVICES))
+    if len(global_counts) != 1 or global_counts != expected:
+        raise JaxClusterError(
+            f"The processes disagree on the global device set: they see {sorted(global_counts)} "
+            f"global devices, expected {sorted(expected)}."
+        )
+    processes = [
+        ProcessInfo(
+            process_index=results[eid]["process_index"],
+            engine_id=eid,
+            host=identities[eid]["host"],
+            pid=identities[eid]["pid"],
+            address=identities[eid]["address"],
+            local_device_ids=tuple(results[eid]["local_device_ids"]),
+            platform=results[eid]["platform"],
+        )
+        for eid in engine_ids
+    ]
+    return sorted(processes, key=lambda p: p.process_index)

@@ -1,0 +1,100 @@
+"""Wait, bounded, for one ipyparallel ``AsyncResult`` per engine; name the processes that fail.
+
+AsyncResults are ``concurrent.futures.Future``s, so this waits on them as futures: it wakes
+when one finishes, never on a timer.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import time
+from typing import Any
+
+import ipyparallel as ipp
+
+from .contracts import Progress
+from .errors import JaxClusterError, engine_error_message
+from .output import process_label
+
+# seconds the others get once one process failed: JAX's start-up waits for every process, so
+# after one fails the rest never finish
+FAILURE_GRACE_SECONDS = 3
+# beyond the cluster's timeout: JAX's own start-up timeout is reported by the engines
+MARGIN_SECONDS = 10
+
+
+def gather(
+    pending: dict[int, Any],
+    engine_ids: list[int],
+    what: str,
+    timeout: float,
+    progress: Progress | None = None,
+    stage: str = "",
+) -> dict[int, Any]:
+    """engine id -> result of ``pending[engine id]``; ``engine_ids`` in process order.
+
+    Raises ``JaxClusterError`` "Could not WHAT on processes ..." with each one's error.
+    """
+    index_of = {eid: i for i, eid in enumerate(engine_ids)}
+    eid_of = {id(ar): eid for eid, ar in pending.items()}
+    deadline = time.monotonic() + timeout + MARGIN_SECONDS
+    results: dict[int, Any] = {}
+    errors: dict[int, str] = {}
+    waiting: set[Any] = set(pending.values())
+    reported = -1
+    while waiting:
+        if progress and len(results) != reported:
+            reported = len(results)
+            progress(stage, reported, len(pending))
+        left = deadline - time.monotonic()
+        if left <= 0:
+            break
+        done, waiting = concurrent.futures.wait(
+            waiting, timeout=left, return_when=concurrent.futures.FIRST_COMPLETED
+        )
+        for ar in done:
+            eid = eid_of[id(ar)]
+            try:
+                results[eid] = ar.result()
+            except Exception as e:
+                errors[eid] = _message(e)
+        if errors:
+            deadline = min(deadline, time.monotonic() + FAILURE_GRACE_SECONDS)
+    if len(results) == len(pending):
+        if progress and len(results) != reported:
+            progress(stage, len(results), len(pending))
+        return results
+    failed = sorted(index_of[eid] for eid in pending if eid not in results)
+    lines = _report(pending, index_of, results, errors, timeout)
+    raise JaxClusterError(
+        f"Could not {what} on {process_label(failed)}; the cluster was stopped.\n"
+        + "\n".join(lines)
+    )
+
+
+def _message(error: Exception) -> str:
+    if isinstance(error, ipp.error.RemoteError):  # the engine's own exception
+        return engine_error_message(error)
+    return f"{type(error).__name__}: {error}"  # the engine died, an unpicklable reply, ...
+
+
+def _report(
+    pending: dict[int, Any],
+    index_of: dict[int, int],
+    results: dict[int, Any],
+    errors: dict[int, str],
+    timeout: float,
+) -> list[str]:
+    by_message: dict[str, list[int]] = {}
+    for eid, message in errors.items():
+        by_message.setdefault(message, []).append(index_of[eid])
+    lines = [
+        f"  {process_label(indices)}: {message}"
+        for message, indices in sorted(by_message.items(), key=lambda kv: min(kv[1]))
+    ]
+    stuck = [index_of[eid] for eid in pending if eid not in results and eid not in errors]
+    if stuck and errors:
+        lines.append(f"  {process_label(stuck)}: still waiting for the failed processes")
+    elif stuck:
+        lines.append(f"  {process_label(stuck)}: did not finish within {timeout:g} s")
+    return lines

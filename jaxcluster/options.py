@@ -1,0 +1,193 @@
+"""``ClusterOptions``: what a user may ask of a cluster, checked once, with every default here.
+
+A bad option is rejected before anything starts, with a message naming the fix.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+from .errors import ConfigError
+from .hosts import check_hosts_options, check_local_ip, parse_hosts, split_host_port
+from .launchers import LaunchRequest, check_launcher, engine_environment, split_launcher_args
+
+PLATFORMS = ("cpu", "gpu", "cuda", "rocm", "tpu")
+DEFAULT_NODES = 4
+DEFAULT_CPU_DEVICES = 2
+DEFAULT_TIMEOUT = 120.0
+# the launcher of a cluster attached by ``connect``: its engines were started by someone else
+ATTACHED = "attached"
+
+T = TypeVar("T")
+
+
+def positive_int(value: Any, option: str, example: str) -> int:
+    """``value`` as a whole number of at least 1, or a ``ConfigError`` naming ``option``."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        number = value
+    elif isinstance(value, str) and value.strip().isdigit():
+        number = int(value)
+    else:
+        number = 0
+    if number < 1:
+        raise ConfigError(
+            f"{option} must be a whole number of at least 1, not {value!r} (e.g. {example})."
+        )
+    return number
+
+
+def positive_seconds(value: Any) -> float:
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        seconds = -1.0
+    if not seconds > 0:
+        raise ConfigError("--timeout must be a positive number of seconds (e.g. --timeout 120).")
+    return seconds
+
+
+@dataclass
+class ClusterOptions:
+    """The settings of one cluster, as ``JaxCluster`` takes them; build with ``checked``."""
+
+    nodes: int = DEFAULT_NODES
+    devices_per_node: int | None = None
+    platform: str | None = None
+    launcher: str = "local"
+    timeout: float = DEFAULT_TIMEOUT
+    coordinator_port: int | None = None
+    engine_env: dict[str, str] = field(default_factory=dict)
+    profile_dir: str | None = None
+    hosts: list[str] = field(default_factory=list)
+    engines_per_host: int | None = None
+    launcher_args: list[str] = field(default_factory=list)
+    ip: str | None = None
+    # --coordinator HOST:PORT: where jax.distributed meets, instead of process 0's own address
+    coordinator: str | None = None
+
+    @classmethod
+    def checked(
+        cls,
+        nodes: Any = None,
+        devices_per_node: Any = None,
+        platform: str | None = None,
+        launcher: str = "local",
+        timeout: Any = DEFAULT_TIMEOUT,
+        coordinator_port: Any = None,
+        engine_env: dict[str, str] | None = None,
+        profile_dir: str | None = None,
+        hosts: list[str] | str | None = None,
+        engines_per_host: Any = None,
+        launcher_args: list[str] | str | None = None,
+        ip: str | None = None,
+        coordinator: str | None = None,
+    ) -> ClusterOptions:
+        """The options, or a ``ConfigError`` for the first one that cannot work."""
+        host_list = parse_hosts(hosts)
+        if engines_per_host is not None:
+            engines_per_host = positive_int(
+                engines_per_host, "--engines-per-host", "--engines-per-host 2"
+            )
+        if nodes is None:
+            by_hosts = len(host_list) * (engines_per_host or 0)
+            nodes = by_hosts or DEFAULT_NODES
+        checked_nodes = positive_int(nodes, "--nodes", "--nodes 4")
+        platform = _checked_platform(platform)
+        if devices_per_node is not None:
+            devices_per_node = positive_int(
+                devices_per_node, "--devices-per-node", "--devices-per-node 2"
+            )
+            if platform == "tpu":
+                raise ConfigError(
+                    "--devices-per-node does not apply to TPUs: each process uses the chips "
+                    "of its host. Drop --devices-per-node."
+                )
+        check_launcher(launcher)
+        check_hosts_options(launcher, checked_nodes, host_list, engines_per_host)
+        seconds = positive_seconds(timeout)
+        if coordinator_port is not None:
+            coordinator_port = positive_int(
+                coordinator_port, "--coordinator-port", "--coordinator-port 12355"
+            )
+            if coordinator_port > 65535:
+                raise ConfigError("--coordinator-port must be between 1 and 65535.")
+        if coordinator is not None:
+            if coordinator_port is not None:
+                raise ConfigError("Give --coordinator HOST:PORT or --coordinator-port P, not both.")
+            split_host_port(coordinator, "--coordinator")
+        if ip is not None:
+            check_local_ip(ip)
+        return cls(
+            nodes=checked_nodes,
+            devices_per_node=devices_per_node,
+            platform=platform,
+            launcher=launcher,
+            timeout=seconds,
+            coordinator_port=coordinator_port,
+            engine_env=dict(engine_env or {}),
+            profile_dir=profile_dir,
+            hosts=host_list,
+            engines_per_host=engines_per_host,
+            launcher_args=split_launcher_args(launcher_args),
+            ip=ip,
+            coordinator=coordinator,
+        )
+
+    @property
+    def attached(self) -> bool:
+        return self.launcher == ATTACHED
+
+    def environment(self, stack_dir: str | None) -> dict[str, str]:
+        """The engines' environment: JAX's platform and device count, ours, then the user's."""
+        devices = None
+        if self.platform in (None, "cpu"):
+            devices = self.devices_per_node or DEFAULT_CPU_DEVICES
+        env = engine_environment(self.platform, devices)
+        if stack_dir:
+            env["JAXCLUSTER_STACK_DIR"] = stack_dir
+        env.update(self.engine_env)
+        return env
+
+    def launch_request(self, stack_dir: str) -> LaunchRequest:
+        return LaunchRequest(
+            launcher=self.launcher,
+            nodes=self.nodes,
+            environment=self.environment(stack_dir),
+            hosts=list(self.hosts),
+            engines_per_host=self.engines_per_host,
+            launcher_args=self.launcher_args,
+            ip=self.ip,
+            timeout=self.timeout,
+            scratch_dir=stack_dir,
+        )
+
+
+def _checked_platform(platform: str | None) -> str | None:
+    if platform is None:
+        return None
+    platform = str(platform).lower()
+    if platform not in PLATFORMS:
+        raise ConfigError(
+            f"Unknown platform {platform!r}. Choose one of: {', '.join(PLATFORMS)}, "
+            "or leave --platform out to let JAX pick."
+        )
+    return platform
+
+
+class OptionAttribute(Generic[T]):
+    """An attribute of an object with ``options``, read from and written to its options."""
+
+    def __init__(self, name: str | None = None) -> None:
+        self.name = name or ""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = self.name or name
+
+    def __get__(self, instance: Any, owner: type | None = None) -> T:
+        if instance is None:  # on the class: the descriptor itself, as a property would be
+            return self  # type: ignore[return-value]
+        return getattr(instance.options, self.name)
+
+    def __set__(self, instance: Any, value: T) -> None:
+        setattr(instance.options, self.name, value)

@@ -1,0 +1,58 @@
+"""What the processes hold, asked of them: their devices, and the sharding of an array."""
+
+from __future__ import annotations
+
+import ipyparallel as ipp
+
+from .contracts import ProcessInfo
+from .engine import process as _engine
+from .errors import ConfigError, JaxClusterError, engine_error_message
+from .gather import gather
+
+
+def devices(
+    client: ipp.Client, processes: list[ProcessInfo], process_index: int | None, timeout: float
+) -> list[dict]:
+    """Device records (see ``layout.device_record``) of every process, or of one."""
+    if process_index is not None and not 0 <= process_index < len(processes):
+        raise ConfigError(
+            f"There is no process {process_index}: this cluster has processes "
+            f"0-{len(processes) - 1}."
+        )
+    indices = range(len(processes)) if process_index is None else [process_index]
+    pending = {
+        processes[i].engine_id: client[processes[i].engine_id].apply_async(
+            _engine.device_records
+        )
+        for i in indices
+    }
+    gathered = gather(pending, [p.engine_id for p in processes], "list the devices", timeout)
+    return [record for eid in pending for record in gathered[eid]]
+
+
+def array_layout(
+    client: ipp.Client, processes: list[ProcessInfo], name: str, process_index: int,
+    timeout: float,
+) -> dict:
+    """The sharding layout of the global ``jax.Array`` named ``name`` on the engines."""
+    from .layout import array_layout as layout_of
+
+    engine = client[processes[process_index].engine_id]
+    try:
+        layout: dict = engine.apply_async(layout_of, ipp.Reference(name)).get(timeout)
+    except ipp.error.RemoteError as e:
+        if e.ename == "NameError":
+            raise ConfigError(
+                f"{name!r} is not defined on process {process_index}. Define it in a "
+                "%%spmd cell first."
+            ) from None
+        raise JaxClusterError(
+            f"Could not read the sharding of {name!r} on process {process_index}: "
+            f"{engine_error_message(e)}. Is it a jax.Array?"
+        ) from None
+    except TimeoutError:
+        raise JaxClusterError(
+            f"Process {process_index} did not answer within {timeout:g} s: it is busy (a cell "
+            "still running?). Try again when it is idle (%jax_cluster status)."
+        ) from None
+    return layout

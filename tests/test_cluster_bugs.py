@@ -1,0 +1,100 @@
+"""Bugs of the cluster's lifecycle and of lockstep execution, each shown on real processes
+(issue 13)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from jaxcluster import JaxCluster, JaxClusterError
+from jaxcluster.distributed import port_claim_error
+from jaxcluster.engine.process import claim_port
+from jaxcluster.event_loop import THREAD_NAME, LoopThread
+from tests.conftest import cluster_processes, wait_until_gone
+
+pytestmark = pytest.mark.cluster
+
+NOBODY = 65534
+
+
+def test_a_death_the_controller_reports_after_the_cell_ended_is_a_death(cluster):
+    # The engine's nanny tells the controller at once, which answers for the task with an
+    # EngineError: the cell's AsyncResult completes before we look at the processes.
+    old = [p.pid for p in cluster.processes]
+    result = cluster.run(
+        "import os, signal, jax\n"
+        "if jax.process_index() == 2:\n"
+        "    os.kill(os.getpid(), signal.SIGKILL)"
+    )
+    assert result.failure == "died"
+    assert [p.state for p in result.processes] == ["done", "done", "died", "done"]
+    assert result.processes[2].reason.startswith("died")
+    assert result.processes[2].error is None  # the controller's word, not the cell's error
+    assert result.restarted and result.restart_error is None
+    assert cluster.running
+    assert not set(old) & {p.pid for p in cluster.processes}
+    assert cluster.run("import jax; print(jax.process_count())").processes[0].stdout == "4\n"
+
+
+def _loop_threads() -> int:
+    return sum(t.name == THREAD_NAME for t in threading.enumerate())
+
+
+def test_stop_ends_the_event_loop_thread():
+    before = _loop_threads()
+    for _ in range(2):
+        cluster = JaxCluster(nodes=1, timeout=60).start()
+        assert _loop_threads() == before + 1
+        cluster.stop()
+        assert wait_until_gone([p.pid for p in cluster_processes(cluster.cluster_id)], 10) == []
+    assert _loop_threads() == before
+
+
+def test_a_wait_on_ipyparallel_is_bounded_with_a_clear_error():
+    loop = LoopThread()
+    began = time.monotonic()
+    with pytest.raises(JaxClusterError, match=r"Could not start the controller within 0.5 s"):
+        loop.run(asyncio.sleep(30), 0.5, "start the controller")
+    assert time.monotonic() - began < 5
+    assert loop.run(asyncio.sleep(0, "next"), 5, "go on") == "next"  # the loop still works
+    loop.close()
+    assert not loop.running
+
+
+def test_a_port_held_by_a_listening_socket_is_reported_in_use():
+    with socket.socket() as sock:
+        sock.bind(("", 0))
+        sock.listen()
+        port = sock.getsockname()[1]
+        answer = claim_port(port)
+    message = port_claim_error(answer, port, "h0", "--coordinator-port P")
+    assert message.startswith(f"The coordinator port {port} is already in use on h0 (process 0)")
+    assert "--coordinator-port P" in message
+
+
+def _as_nobody() -> list[str]:
+    if os.getuid() != 0:
+        return []
+    if shutil.which("setpriv") is None:
+        pytest.skip("needs setpriv to run as a user without root")
+    return ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups"]
+
+
+def test_a_privileged_port_without_root_is_reported_as_such():
+    probe = "import json; from jaxcluster.engine.process import claim_port; "
+    done = subprocess.run(
+        [*_as_nobody(), sys.executable, "-c", probe + "print(json.dumps(claim_port(1)))"],
+        capture_output=True, text=True, timeout=60, check=True,
+    )
+    message = port_claim_error(json.loads(done.stdout), 1, "h0", "--coordinator-port P")
+    assert "ports below 1024 need root" in message
+    assert "already in use" not in message
