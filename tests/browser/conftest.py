@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 from pathlib import Path
@@ -85,7 +86,6 @@ def browser_page(request, playwright_instance):
         yield page
         rep = getattr(request.node, "_jc_rep_call", None)
         if rep is not None and rep.failed:
-            try:
+            # a failed screenshot must not hide the test's own failure
+            with contextlib.suppress(Exception):
                 save_screenshot(page, f"{safe}-failure")
-            except Exception:
-                pass

@@ -20,8 +20,8 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 from urllib.parse import quote
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -113,7 +113,7 @@ class JupyterLabServer:
         return self.log_path.read_text(errors="replace")
 
     # -- lifecycle -------------------------------------------------------
-    def __enter__(self) -> "JupyterLabServer":
+    def __enter__(self) -> JupyterLabServer:
         self._home = Path(tempfile.mkdtemp(prefix="jc-lab-"))
         self._prepare_dirs()
         # The free port can be raced; retry a couple of times on bind errors.
@@ -195,7 +195,8 @@ class JupyterLabServer:
             cmd.append("--allow-root")  # CI containers run as root
         cmd += self.extra_args
         self.log_path = h / f"server-{self.port}.log"
-        self._log_file = open(self.log_path, "wb")
+        # closed in stop(): the server writes to it for its whole life
+        self._log_file = open(self.log_path, "wb")  # noqa: SIM115
         self.proc = subprocess.Popen(
             cmd, cwd=self.root_dir, env=self._env(),
             stdin=subprocess.DEVNULL, stdout=self._log_file, stderr=subprocess.STDOUT,

@@ -40,7 +40,9 @@ def test_lab_runs_notebook_and_renders_widget(lab_server, browser_page):
     assert shards.count() == 2
     assert shards.all_inner_texts() == ["a", "b"]
 
-    stdout = page.locator(".jp-NotebookPanel:visible .jp-OutputArea-output", has_text="hello from kernel")
+    stdout = page.locator(
+        ".jp-NotebookPanel:visible .jp-OutputArea-output", has_text="hello from kernel"
+    )
     stdout.first.wait_for(state="visible", timeout=30_000)
     assert stdout.count() == 1
 
