@@ -1,16 +1,22 @@
-"""Showing things while they happen: a progress bar in a notebook, a line of text elsewhere.
+"""The front end: what the magics and the engines show, and how, in a notebook or elsewhere.
 
-Edge module: it uses IPython's display machinery and ipywidgets, like the magics that call it.
+Edge module: with :mod:`jaxcluster.widgets`, the only one that uses IPython's display machinery
+and ipywidgets. What to show is decided by the pure renderers in :mod:`jaxcluster.render`.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 import time
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from IPython import get_ipython
-from IPython.display import clear_output, display
+from IPython.display import display
+
+from .render.cell import Shown
+from .render.sharding import layout_bundle, render_sharding_html, render_sharding_text
 
 
 def in_notebook() -> bool:
@@ -95,15 +101,14 @@ class LiveCell:
         else:
             self._handle.update(_bundle(text, html), raw=True)
 
-    def finish(self, text: str, html: str, alone: bool = True) -> None:
-        """Turn the live area into the final output. ``alone``: nothing else was displayed in
-        the cell meanwhile, so a live area with nothing left to show can go."""
+    def finish(self, text: str, html: str) -> None:
+        """Turn the live area into the final output (empty where the cell printed nothing).
+
+        Only the live area's own display is updated: ``clear_output`` would also wipe what
+        the cell showed before it, such as the kernel's "JAX cluster ready" line.
+        """
         if self._handle is not None:
-            if text or not alone:
-                self._handle.update(_bundle(text, html), raw=True)
-            else:
-                # updated to nothing, it would stay in the saved notebook as an empty output
-                clear_output()
+            self._handle.update(_bundle(text, html), raw=True)
         elif text:
             show(text, html)
 
@@ -112,6 +117,38 @@ def _bundle(text: str, html: str) -> dict[str, str]:
     return {"text/plain": text, "text/html": html} if html else {"text/plain": text}
 
 
-def show_bundle(bundle: dict, metadata: dict | None = None) -> None:
+def show_bundle(bundle: Mapping[str, Any], metadata: Mapping[str, Any] | None = None) -> None:
     """Re-publish a display bundle that came from an engine."""
-    display(bundle, raw=True, metadata=metadata or {})
+    display(dict(bundle), raw=True, metadata=dict(metadata or {}))
+
+
+def on_engine() -> bool:
+    return bool(os.environ.get("IPP_CLUSTER_ID"))
+
+
+def show_sharding(layout: Mapping[str, Any]) -> None:
+    """The one place that decides how a sharding picture is shown.
+
+    On an engine it is published as data, so that ``%%spmd`` collapses the processes' identical
+    bundles and the notebook draws one picture; in a notebook it is a widget; elsewhere text
+    and HTML.
+    """
+    if on_engine():
+        display(layout_bundle(layout), raw=True)
+    elif in_notebook():
+        from .widgets import ShardingWidget
+
+        display(ShardingWidget(layout))
+    else:
+        show(render_sharding_text(layout), render_sharding_html(layout))
+
+
+def show_all(items: Sequence[Shown]) -> None:
+    """Show a cell's final outputs, planned by :func:`jaxcluster.render.cell.final_outputs`."""
+    for item in items:
+        if item.sharding is not None:
+            show_sharding(item.sharding)
+        elif item.bundle is not None:
+            show_bundle(item.bundle, item.metadata)
+        else:
+            show(item.text)

@@ -1,28 +1,32 @@
 """Lockstep execution: one cell on every JAX process, and a cell that always comes back.
 
-``run`` sends the code to every engine at once and watches the processes while they run. It
-ends early, with a report, when some processes have ended and the others are still running
-``hang_after`` seconds later (in JAX they wait forever for a process that raised), when the
-whole cell runs past ``timeout``, when an engine dies, or when the caller is interrupted and
-the processes do not stop. The cluster is then restarted so that the next cell works.
+``run`` sends the code to every engine at once and watches the processes while they run.
+Once some have ended, it looks at the others every few seconds (their stacks and dispatch
+records, see ``hang.py``) and tells where they are. It gives up on the cell only with proof
+(after ``hang_after`` seconds, some running process waits inside JAX on a process that has
+ended without dispatching what it waits for), at ``timeout``, when the caller is interrupted,
+or when an engine dies. Then the least destructive recovery first: the running processes are
+interrupted, and those that stop keep their state; only when some cannot be stopped is the
+cluster restarted (a death always needs one), and its setup cells replayed.
 """
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from . import hang
 from .contracts import ClusterHandle
-from .errors import SPMDError
-from .output import clean_stream
-
+from .errors import UNKNOWN_ERROR, SPMDError, remote_error
+from .output import clean_stream, process_label
 
 DEFAULT_HANG_AFTER = 10.0
 INTERRUPT_GRACE = 3.0  # seconds the processes get to stop after SIGINT before they count as stuck
-UNKNOWN_ERROR = "unknown error"
+PROBE_EVERY = 2.0  # how often the processes still running are looked at, once others ended
 DEATH_GRACE = 1.0  # seconds the others get to finish after one process died
 WAIT_SLICE = 0.1  # how often a running cell looks at its processes
 UPDATE_EVERY = 0.25  # how often streamed output is passed on
@@ -41,6 +45,7 @@ class ProcessOutput:
     state: str = "running"  # running, done, error, stuck, died, interrupted
     reason: str = ""  # why it died / is stuck
     stack: str = ""  # the Python stack of a stuck process
+    where: str = ""  # where a running process was last seen: "cell line 3"
 
 
 @dataclass
@@ -48,8 +53,13 @@ class SPMDResult:
     processes: list[ProcessOutput]
     elapsed: float = 0.0
     failure: str | None = None  # None, "hang", "timeout", "interrupt", "died"
+    diagnosis: str = ""  # why a hang is one: who waits on whom
+    timeout: float | None = None
+    interrupted: list[int] = field(default_factory=list)  # stopped by SIGINT, state kept
     restarted: bool = False
     restart_error: str | None = None
+    restart_reason: str = ""  # why a restart was needed
+    replay: Any = None  # recovery.Replay of the setup cells after the restart
 
     @property
     def ok(self) -> bool:
@@ -93,28 +103,29 @@ def run(
     """Run ``code`` on every process of ``cluster`` in lockstep and gather what each produced.
 
     ``on_update`` is called from this thread with the partial result while the cell runs.
-    ``on_restart`` runs the recovery (default ``cluster.restart()``) after a hang or a death.
+    ``on_restart`` runs the recovery (default ``cluster.restart()``, which replays the setup
+    cells) when a process died or could not be stopped.
     """
     view = cluster.view
     ar = view.execute(code, silent=False, block=False)
     began = time.monotonic()
     result = SPMDResult([ProcessOutput(p.process_index) for p in cluster.processes])
+    result.timeout = timeout
     watcher = _Watcher(cluster, ar, result, began, timeout, hang_after)
     try:
         watcher.watch(on_update)
     except KeyboardInterrupt:
-        watcher.interrupt()
+        watcher.stop_running("interrupt")
     result.elapsed = time.monotonic() - began
-    if result.failure in ("hang", "timeout", "interrupt", "died") and any(
-        p.state in ("stuck", "died") for p in result.processes
-    ):
+    if result.failure and any(p.state in ("stuck", "died") for p in result.processes):
         if on_update is not None:
             on_update(result)  # the report is shown now, not after the restart
         if recover:
             try:
                 (on_restart or cluster.restart)()
                 result.restarted = True
-            except Exception as e:  # noqa: BLE001 - reported with the cell, never raised over it
+                result.replay = getattr(cluster, "last_replay", None)
+            except Exception as e:  # reported with the cell, never raised over it
                 result.restart_error = str(e)
     return result
 
@@ -139,6 +150,8 @@ class _Watcher:
         self.hang_after = hang_after
         self.first_end: float | None = None
         self.first_death: float | None = None
+        self.next_probe = 0.0
+        self.counts: dict[int, dict] = {}  # dispatch counts of ended processes (they are idle)
 
     def watch(self, on_update: Update | None) -> None:
         last_update = 0.0
@@ -146,6 +159,7 @@ class _Watcher:
             if self.ar.wait(WAIT_SLICE):
                 self.ar.wait_for_output(5)
                 self._collect()
+                self._settle_deaths()
                 return
             now = time.monotonic()
             self._collect()
@@ -156,29 +170,47 @@ class _Watcher:
             if self._given_up(now):
                 return
 
-    def interrupt(self) -> None:
-        """The user pressed stop: interrupt every process, then give up on those that ignore it."""
-        running = self._running_engines()
+    def stop_running(self, failure: str) -> None:
+        """The ladder's first rung: interrupt the running processes. Those that stop keep
+        their state (their cell ends in KeyboardInterrupt); the others are stuck, and so are
+        those left with a multi-process program in flight that others never ran."""
+        running = [p for p in self.result.processes if p.state == "running"]
         if running:
-            try:
-                self.cluster.client.send_signal(signal.SIGINT, targets=running, block=False)
-            except Exception:  # noqa: BLE001 - an engine that cannot be signalled is stuck anyway
-                pass
-        self.ar.wait(INTERRUPT_GRACE)
-        self.ar.wait_for_output(1)
-        self._collect()
-        self.result.failure = "interrupt"
+            engines = [self.cluster.processes[p.process_index].engine_id for p in running]
+            # an engine that cannot be signalled is stuck anyway
+            with contextlib.suppress(Exception):
+                self.cluster.client.send_signal(signal.SIGINT, targets=engines, block=False)
+            self.ar.wait(INTERRUPT_GRACE)
+            self.ar.wait_for_output(1)
+            self._collect()
+        self.result.failure = failure
+        self.result.interrupted = [p.process_index for p in running if p.state != "running"]
+        stuck = [p.process_index for p in self.result.processes if p.state == "running"]
         self._mark_stuck("did not stop after an interrupt")
+        if stuck:
+            self.result.restart_reason = f"{process_label(stuck)} could not be stopped"
+        elif self.result.interrupted:
+            self._check_in_step()
 
-    def _running_engines(self) -> list[int]:
-        return [
-            self.cluster.processes[p.process_index].engine_id
-            for p in self.result.processes
-            if p.state == "running"
-        ]
+    def _check_in_step(self) -> None:
+        """Every process is idle again: are their collectives still in step?"""
+        everyone = list(range(len(self.result.processes)))
+        answers = self.cluster.dispatch_counts(everyone)
+        if len(answers) < len(everyone):
+            return  # no dispatch record somewhere: nothing to compare
+        ahead, words = hang.out_of_step(answers)
+        for index in ahead:
+            proc = self.result.processes[index]
+            proc.state = "stuck"
+            proc.reason = "interrupted, with a multi-process program still in flight"
+        if ahead:
+            self.result.restart_reason = (
+                f"{words}: JAX cannot cancel a dispatched program, so the processes' "
+                "collectives are out of step"
+            )
 
     def _collect(self) -> None:
-        for proc, md in zip(self.result.processes, self.ar.metadata):
+        for proc, md in zip(self.result.processes, self.ar.metadata, strict=True):
             proc.stdout = clean_stream(md["stdout"])
             proc.stderr = clean_stream(md["stderr"])
             proc.outputs = [dict(o) for o in md["outputs"]]
@@ -186,47 +218,108 @@ class _Watcher:
             status = md["status"]
             if status is None or proc.state in ("died", "stuck"):
                 continue
+            proc.where = ""
             if status == "ok":
                 proc.state = "done"
             else:
                 proc.state = "error"
-                proc.error = _error_of(md["error"])
+                proc.error = remote_error(md["error"])
 
     def _note_deaths(self, now: float) -> None:
         for proc, reason in self.cluster.dead_processes().items():
             entry = self.result.processes[proc]
             if entry.state == "running" or (entry.state == "error" and _lost_with_engine(entry)):
-                entry.state = "died"
-                entry.reason = reason
+                _died(entry, reason)
                 if self.first_death is None:
                     self.first_death = now
         if self.first_end is None and any(p.state != "running" for p in self.result.processes):
             self.first_end = now
+            self.next_probe = now + min(PROBE_EVERY, self.hang_after)
+
+    def _settle_deaths(self) -> None:
+        """The cell ended everywhere: a process the controller answered for, because its engine
+        went away, died; so did one noticed dead before the others ended."""
+        if any(p.state == "error" and _lost_with_engine(p) for p in self.result.processes):
+            self._note_deaths(time.monotonic())
+        for entry in self.result.processes:
+            if entry.state == "error" and _lost_with_engine(entry):
+                _died(entry, "died (its engine went away)")
+        if any(p.state == "died" for p in self.result.processes):
+            self.result.failure = "died"
+            self.result.restart_reason = "a process died"
 
     def _given_up(self, now: float) -> bool:
         if self.first_death is not None and now - self.first_death >= DEATH_GRACE:
+            # jax.distributed cannot take a process back: only a restart helps
             self.result.failure = "died"
+            self.result.restart_reason = "a process died"
             self._mark_stuck("still running after another process died")
             return True
         if self.timeout is not None and now - self.began >= self.timeout:
-            self.result.failure = "timeout"
-            self._mark_stuck(f"still running after the cell's timeout of {self.timeout:g} s")
+            self.stop_running("timeout")
             return True
-        if self.first_end is not None and now - self.first_end >= self.hang_after:
-            self.result.failure = "hang"
-            self._mark_stuck(
-                f"still running {self.hang_after:g} s after other processes had ended"
-            )
-            return True
+        if self.first_end is not None and now >= self.next_probe:
+            deadline = self.first_end + self.hang_after
+            waiting = self._probe(judge=now >= deadline)
+            after = time.monotonic() + PROBE_EVERY
+            self.next_probe = after if now >= deadline else min(after, deadline)
+            if waiting:
+                self.result.diagnosis = hang.diagnosis(waiting)
+                self.stop_running("hang")
+                return True
         return False
+
+    def _probe(self, judge: bool) -> dict[int, hang.Wait]:
+        """Look at the running processes: where they are, and (``judge``) which of them wait
+        on processes that will never come."""
+        running = [p.process_index for p in self.result.processes if p.state == "running"]
+        if not running:
+            return {}
+        stacks = self.cluster.dump_stacks(running)
+        records = self.cluster.dispatch_records(running)
+        for index in running:
+            self.result.processes[index].where = hang.where(stacks.get(index))
+        if not judge:
+            return {}
+        ended = {p.process_index: _how_ended(p) for p in self.result.processes
+                 if p.state in ("done", "error", "died")}
+        if any("key" in records.get(i, {}) and hang.jax_function(stacks.get(i) or "")
+               for i in running):
+            unasked = [i for i in ended if i not in self.counts and ended[i] != "died"]
+            if unasked:
+                self.counts.update(self.cluster.dispatch_counts(unasked))
+        waiting = {}
+        for index in running:
+            wait = hang.waits_on_others(stacks.get(index), records.get(index), ended, self.counts)
+            if wait is not None:
+                waiting[index] = wait
+                self.result.processes[index].stack = stacks.get(index, "")
+        return waiting
 
     def _mark_stuck(self, reason: str) -> None:
         stuck = [p for p in self.result.processes if p.state == "running"]
-        stacks = self.cluster.dump_stacks([p.process_index for p in stuck]) if stuck else {}
+        # a hang's stacks were read when it was found; still running, they are still there
+        unread = [p.process_index for p in stuck if not p.stack]
+        stacks = self.cluster.dump_stacks(unread) if unread else {}
         for proc in stuck:
             proc.state = "stuck"
             proc.reason = reason
-            proc.stack = stacks.get(proc.process_index, "")
+            proc.stack = stacks.get(proc.process_index, proc.stack)
+
+
+def _how_ended(proc: ProcessOutput) -> str:
+    if proc.state == "died":
+        return "died"
+    if proc.state == "error" and proc.error is not None:
+        return f"raised {proc.error['ename']}"
+    return "ended"
+
+
+def _died(entry: ProcessOutput, reason: str) -> None:
+    entry.state = "died"
+    entry.reason = reason
+    if entry.error is not None and _lost_with_engine(entry):
+        entry.error = None  # the controller's word for the death, not an error of the cell
 
 
 def _lost_with_engine(proc: ProcessOutput) -> bool:
@@ -235,14 +328,3 @@ def _lost_with_engine(proc: ProcessOutput) -> bool:
     return error.get("ename") == "EngineError" or (
         error.get("evalue") == UNKNOWN_ERROR and not error.get("traceback")
     )
-
-
-def _error_of(error: Any) -> dict:
-    """ipyparallel's RemoteError as plain data: the user's own traceback, as IPython made it."""
-    if error is None:
-        return {"ename": "Error", "evalue": UNKNOWN_ERROR, "traceback": ""}
-    return {
-        "ename": getattr(error, "ename", type(error).__name__),
-        "evalue": str(getattr(error, "evalue", error)),
-        "traceback": getattr(error, "traceback", "") or "",
-    }

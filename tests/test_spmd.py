@@ -12,8 +12,8 @@ from IPython import get_ipython
 from IPython.core.error import UsageError
 from IPython.utils.capture import capture_output
 
-from tests.conftest import magics_shell
 from jaxcluster.errors import SPMDError
+from tests.conftest import magics_shell
 
 pytestmark = pytest.mark.cluster
 
@@ -40,7 +40,7 @@ def spmd(ip, body, line=""):
     with capture_output() as captured:
         ip.run_cell_magic("spmd", line, body)
     texts = [o.data.get("text/plain", "") for o in captured.outputs]
-    return "\n".join(texts + [captured.stdout]), captured
+    return "\n".join([*texts, captured.stdout]), captured
 
 
 def failing_spmd(ip, body, line=""):
@@ -183,15 +183,23 @@ def test_hang_after_one_process_raises_before_a_collective(ip, cluster):
     _assert_recovered(ip, cluster, old)
 
 
-def test_timeout_reports_and_recovers(ip, cluster):
+def test_timeout_with_processes_in_a_collective_reports_and_recovers(ip, cluster):
+    """Process 0 stops on the interrupt, but the others wait in a collective it never joins:
+    the interrupt cannot help them, so the cluster is restarted (issue 14's ladder)."""
     old = [p.pid for p in cluster.processes]
     began = time.monotonic()
-    shown, tb, _ = failing_spmd(ip, "import time\ntime.sleep(60)", "--timeout 2")
-    assert time.monotonic() - began < 30
-    assert "ran past its timeout" in tb
+    shown, tb, _ = failing_spmd(
+        ip,
+        PSUM + "if jax.process_index() != 0:\n    multihost_utils.process_allgather(jnp.ones(()))\n"
+        "else:\n    import time; time.sleep(60)",
+        "--timeout 3 --hang-after 100",
+    )
+    assert time.monotonic() - began < 40
+    assert "ran past its timeout of 3 s" in tb
     # the automatic restart's progress ends as its summary line
     assert "4 processes × 2 cpu devices = 8 global devices, ready in" in shown
-    assert "processes 0-3 stuck" in tb and "time.sleep" in tb or "<cell>" in tb
+    assert "processes 1-3 stuck" in tb and "process_allgather" in tb
+    assert "The cluster was restarted because processes 1-3" in tb
     _assert_recovered(ip, cluster, old)
 
 
@@ -230,5 +238,5 @@ def test_interrupt_of_processes_stuck_in_a_collective_recovers(ip, cluster):
         "--hang-after 100",
     )
     assert "The cell was interrupted" in tb
-    assert "stuck: did not stop after an interrupt" in tb
+    assert "processes 1-3 stuck: " in tb and "The cluster was restarted" in tb
     _assert_recovered(ip, cluster, old)

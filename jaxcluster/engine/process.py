@@ -19,12 +19,15 @@ RANK_VARIABLES = ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID
 
 def identity(toward: str | None = None) -> dict[str, Any]:
     """Where this engine runs: its host (as named in --hosts where it was started by name),
-    pid, the address other hosts reach it at (see ``reachable_address``) and its launch rank."""
+    pid, the address other hosts reach it at (see ``reachable_address``), its launch rank and
+    its stack dump file."""
     return {
         "host": host_name(),
         "pid": os.getpid(),
         "address": reachable_address(toward),
         "rank": launch_rank(),
+        # where SIGUSR1 makes it dump its stacks (engine/__main__.py), if anywhere
+        "stack_file": os.environ.get("JAXCLUSTER_STACK_FILE"),
     }
 
 
@@ -50,21 +53,36 @@ def reachable_address(toward: str | None = None) -> str:
         return os.environ["JAXCLUSTER_ADDRESS"]
     if not toward or ipaddress.ip_address(toward).is_unspecified:
         toward = "10.255.255.255"
-    family = socket.AF_INET6 if ipaddress.ip_address(toward).version == 6 else socket.AF_INET
+    try:
+        return interface_address(toward)
+    except OSError:
+        return "127.0.0.1"
+
+
+def interface_address(host: str, port: int = 1) -> str:
+    """This machine's address on the interface that reaches ``host`` (a name or an address).
+
+    Raises ``OSError`` when the name does not resolve or no route leads there.
+    """
+    family, _, _, _, sockaddr = socket.getaddrinfo(host, port, type=socket.SOCK_DGRAM)[0]
     with socket.socket(family, socket.SOCK_DGRAM) as probe:
-        try:
-            # connect() on UDP sends nothing; it only picks the outgoing interface.
-            probe.connect((toward, 1))
-            return probe.getsockname()[0]
-        except OSError:
-            return "127.0.0.1"
+        # connect() on UDP sends nothing; it only picks the outgoing interface
+        probe.connect(sockaddr)
+        return str(probe.getsockname()[0])
 
 
-def claim_port(port: int = 0, host: str = "") -> int:
-    """Check that ``port`` is free on this host (0: pick a free one); return it."""
+def claim_port(port: int = 0) -> dict[str, Any]:
+    """Check that ``port`` is free on this host (0: pick a free one).
+
+    ``{"port": P}``, or ``{"errno": N, "error": "..."}`` saying why it cannot be had, so that
+    the client can name the cause (in use, reserved for root, ...).
+    """
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, port))
-        return sock.getsockname()[1]
+        try:
+            sock.bind(("", port))
+        except OSError as e:
+            return {"errno": e.errno, "error": e.strerror or str(e)}
+        return {"port": sock.getsockname()[1]}
 
 
 def initialize(
@@ -95,9 +113,7 @@ def initialize(
     )
     if address:
         _cpu_collectives_listen_on(address)
-    from .sharding import install as install_sharding_display
-
-    install_sharding_display()
+    _install_hooks()
     try:
         return describe_jax()
     except Exception as e:
@@ -125,7 +141,8 @@ def _cpu_collectives_listen_on(address: str) -> None:
     """
     import jax
 
-    if jax.config.jax_cpu_collectives_implementation != "gloo":
+    # read by name: JAX declares its options at run time, invisible to type checkers
+    if getattr(jax.config, "jax_cpu_collectives_implementation", None) != "gloo":
         return
     try:
         from jax._src import distributed, xla_bridge
@@ -169,8 +186,8 @@ def device_records() -> list[dict]:
 def jax_state() -> dict | None:
     """This process's JAX identity if ``jax.distributed`` is already initialized, else None.
 
-    An initialized process is adopted as it is, so it gets the sharding display that
-    ``initialize`` would have installed.
+    An initialized process is adopted as it is, so it gets the hooks that ``initialize`` would
+    have installed.
     """
     if "jax" not in sys.modules:
         return None
@@ -178,8 +195,15 @@ def jax_state() -> dict | None:
 
     if not jax.distributed.is_initialized():
         return None
+    _install_hooks()
+    return describe_jax()
+
+
+def _install_hooks() -> None:
+    """The sharding display, and the dispatch record that tells a hang from slow work."""
+    from . import dispatch
     from .sharding import install as install_sharding_display
 
     install_sharding_display()
-    return describe_jax()
+    dispatch.install(os.environ.get("JAXCLUSTER_STACK_FILE"))
 

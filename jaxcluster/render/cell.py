@@ -1,4 +1,4 @@
-"""A ``%%spmd`` cell's gathered output as text and HTML. Pure.
+"""A ``%%spmd`` cell's gathered output as text, HTML and bundles to show. Pure.
 
 Identical output from several processes is shown once with all their labels; output that
 differs is shown per process; everything in process order.
@@ -9,9 +9,11 @@ from __future__ import annotations
 import html
 import re
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from ..output import bundle_key, collapse, label, process_label
+from .sharding import SHARDING_MIME
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 LABEL_STYLE = "color:#777;font-weight:bold"
@@ -104,20 +106,31 @@ def error_groups(
 
 
 def status_text(processes: Sequence[Any], elapsed: float) -> str:
-    """``running: processes 1-3 · done: process 0 · 4.2 s``."""
+    """``running: processes 1-3 · done: process 0 · 4.2 s``; once some have ended, each process
+    still running says where it is: ``done: processes 1-3 · process 0 · running 14 s · cell
+    line 3``."""
     by_state: dict[str, list[int]] = {}
+    located = []
     for p in processes:
-        by_state.setdefault(p.state, []).append(p.process_index)
+        if p.state == "running" and p.where:
+            located.append(f"{process_label([p.process_index])} · running {elapsed:.0f} s · "
+                           f"{p.where}")
+        else:
+            by_state.setdefault(p.state, []).append(p.process_index)
     parts = [f"{state}: {label(indices)[1:-1]}" for state, indices in by_state.items()]
-    return " · ".join(parts + [f"{elapsed:.1f} s"])
+    if located:
+        return " · ".join([*parts, *located])
+    return " · ".join([*parts, f"{elapsed:.1f} s"])
 
 
 def failure_lines(result: Any) -> list[str]:
-    """Why a cell was given up on (hang, timeout, interrupt, death) and what happened next."""
+    """Why a cell was given up on (hang, timeout, interrupt, death) and what happened next:
+    who stopped on the interrupt (state kept), who could not be stopped, the restart."""
     lines: list[str] = []
+    timeout = f" of {result.timeout:g} s" if result.timeout else ""
     what = {
-        "hang": "Some processes ended and the others did not follow",
-        "timeout": "The cell ran past its timeout",
+        "hang": f"The cell hung: {result.diagnosis}",
+        "timeout": f"The cell ran past its timeout{timeout}",
         "interrupt": "The cell was interrupted",
         "died": "A process died while the cell ran",
     }.get(result.failure or "", "")
@@ -126,9 +139,14 @@ def failure_lines(result: Any) -> list[str]:
     for proc in result.processes:
         if proc.state == "died":
             lines.append(f"  process {proc.process_index} {proc.reason}")
-    failed = [p.process_index for p in result.processes if p.state == "error"]
+    interrupted = set(result.interrupted)
+    failed = [p.process_index for p in result.processes
+              if p.state == "error" and p.process_index not in interrupted]
     if failed and result.failure:
         lines.append(f"  {process_label(failed)} raised (see above)")
+    kept = [i for i in interrupted if result.processes[i].state != "stuck"]
+    if kept and not result.restarted:
+        lines.append(f"  {process_label(kept)} stopped on an interrupt: their state is kept")
     stuck = [(p.process_index, p) for p in result.processes if p.state == "stuck"]
     for indices, proc in collapse(stuck, key=lambda p: (p.reason, p.stack)):
         lines.append(f"  {process_label(indices)} stuck: {proc.reason}")
@@ -136,13 +154,46 @@ def failure_lines(result: Any) -> list[str]:
             lines.append("    Python stack (most recent call last):")
             lines.extend("      " + line for line in proc.stack.splitlines())
     if result.restarted:
+        why = f" because {result.restart_reason}" if result.restart_reason else ""
         lines.append(
-            "The cluster was restarted: engines and jax.distributed are fresh, and every "
-            "process's state (variables, arrays, compiled functions) was lost."
+            f"The cluster was restarted{why}. Engines and jax.distributed are fresh, and "
+            "every process's state (variables, arrays, compiled functions) was lost."
         )
+        lines.extend(replay_lines(result.replay))
     elif result.restart_error:
         lines.append(f"Restarting the cluster failed: {result.restart_error}")
+    elif result.failure and kept:
+        lines.append("No restart was needed: every process keeps its state.")
     return lines
+
+
+def replay_lines(replay: Any) -> list[str]:
+    """``Replayed 2 setup cells in 1.9 s.``, or which one failed and its error."""
+    if replay is None:
+        return []
+    cells = f"{replay.total} setup cell{'s' if replay.total != 1 else ''}"
+    if replay.ok:
+        return [f"Replayed {cells} in {replay.seconds:.1f} s."]
+    summary, details = error_report(replay.failed, range(len(replay.failed.processes)), True)
+    skipped = replay.total - replay.replayed - 1
+    rest = f"; the {skipped} after it were not replayed" if skipped else ""
+    return [
+        f"Replaying {cells} failed at cell {replay.replayed + 1}{rest}: {summary}. Fix it and "
+        "run it again with %%spmd --setup (%jax_cluster setup lists them).",
+        *details,
+    ]
+
+
+def setup_text(cells: Sequence[str]) -> str:
+    """The setup cells, numbered in replay order."""
+    if not cells:
+        return "No setup cells. Mark a cell with %%spmd --setup to replay it after restarts."
+    noun = "cell" if len(cells) == 1 else "cells"
+    parts = [f"{len(cells)} setup {noun}, replayed in this order after every restart:"]
+    for number, code in enumerate(cells, 1):
+        parts.append(f"[{number}]")
+        parts.extend("    " + line for line in code.rstrip("\n").splitlines())
+    return "\n".join(parts)
 
 
 def error_report(
@@ -151,10 +202,14 @@ def error_report(
     """(one-line summary, traceback lines) for a cell that failed on some processes."""
     lines: list[str] = []
     summary = []
+    # after a restart, the interrupt's own KeyboardInterrupts say nothing the report does not
+    quiet = set(result.interrupted) if result.restarted else set()
     for indices, error in error_groups(result.processes, selected, collapsed):
         lines.append(f"\x1b[1;31m{label(indices)}\x1b[0m")
-        lines.extend(error["traceback"].splitlines() or [f"{error['ename']}: {error['evalue']}"])
-        summary.append(f"{process_label(indices)} raised {error['ename']}: {error['evalue']}")
+        raised = error["ename"] + (f": {error['evalue']}" if error["evalue"] else "")
+        lines.extend(error["traceback"].splitlines() or [raised])
+        if not quiet.issuperset(indices):
+            summary.append(f"{process_label(indices)} raised {raised}")
     hidden = [p.process_index for p in result.processes
               if p.error is not None and p.process_index not in selected]
     if hidden:
@@ -164,3 +219,54 @@ def error_report(
     if failure:
         summary.insert(0, failure[0])
     return "; ".join(s.rstrip(".") for s in summary) or "the cell failed", lines
+
+
+def live_view(
+    result: Any, selected: Sequence[int], collapsed: bool, tail: int
+) -> tuple[str, str, bool]:
+    """(text, HTML, has output) of a running cell: a status line over the streams' tails."""
+    text = streams_text(result.processes, selected, collapsed, tail)
+    body = streams_html(result.processes, selected, collapsed, tail)
+    status = status_text(result.processes, result.elapsed_so_far())
+    if result.failure:
+        restart = any(p.state in ("stuck", "died") for p in result.processes)
+        status = " ".join(failure_lines(result)[:1]) + (" Restarting the cluster…" if restart
+                                                         else "")
+    html_status = f"<div class='jc-status-line'>{html.escape(status)}</div>"
+    return f"{status}\n{text}", html_status + body, bool(text)
+
+
+@dataclass(frozen=True)
+class Shown:
+    """One output of a finished cell: a label or value (text), an engine's display bundle, or a
+    sharding layout (drawn as one picture)."""
+
+    text: str = ""
+    bundle: dict[str, Any] | None = None
+    metadata: dict[str, Any] | None = None
+    sharding: dict[str, Any] | None = None
+
+
+def final_outputs(
+    processes: Sequence[Any], selected: Sequence[int], collapsed: bool
+) -> list[Shown]:
+    """The rich displays, then the values, each group labelled with its processes."""
+    shown: list[Shown] = []
+    for indices, output in display_groups(processes, selected, collapsed):
+        data = output.get("data", {})
+        layout = data.get(SHARDING_MIME)
+        if layout is not None and len(indices) == len(selected):
+            # the same global picture from every process: one picture, no label
+            shown.append(Shown(sharding=layout))
+            continue
+        shown.append(Shown(label(indices)))
+        if layout is not None:
+            shown.append(Shown(sharding=layout))
+        else:
+            shown.append(Shown(bundle=data, metadata=output.get("metadata")))
+    for indices, bundle in result_groups(processes, selected, collapsed):
+        if set(bundle) == {"text/plain"}:
+            shown.append(Shown(f"{label(indices)} {bundle['text/plain']}"))
+        else:
+            shown += [Shown(label(indices)), Shown(bundle=bundle)]
+    return shown

@@ -1,0 +1,96 @@
+"""Issue 14: the notebook's stop button (SIGINT to the kernel) on a cell sleeping on every
+process of a 4 × 2 cluster: back within 5 s, KeyboardInterrupt, no restart, state kept."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import pytest
+from jupyter_client import KernelManager
+
+from tests.conftest import cluster_processes
+
+pytestmark = pytest.mark.cluster
+
+CELL_TIMEOUT = 180
+
+
+@pytest.fixture(scope="module")
+def kernel():
+    km = KernelManager(kernel_name="python3")
+    km.start_kernel(env={**os.environ, "IPP_NONINTERACTIVE": "1"})
+    kc = km.client()
+    kc.start_channels()
+    cluster_id = None
+    try:
+        kc.wait_for_ready(timeout=120)
+        run(kc, "%load_ext jaxcluster")
+        run(kc, "%jax_cluster start --nodes 4 --devices-per-node 2 --platform cpu")
+        _, text = run(kc, "print(_jax_cluster_magics().cluster.cluster_id)", prelude=True)
+        cluster_id = text.split()[-1]
+        yield km, kc
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
+        for proc in cluster_processes(cluster_id) if cluster_id else []:
+            proc.kill()
+
+
+def run(kc, code: str, prelude: bool = False) -> tuple[dict, str]:
+    """The execute_reply's content and all text the cell showed."""
+    if prelude:
+        code = (
+            "from jaxcluster.magics import loaded_magics as _jax_cluster_magics\n" + code
+        )
+    texts: list[str] = []
+
+    def hook(msg: dict) -> None:
+        content = msg["content"]
+        if msg["msg_type"] == "stream":
+            texts.append(content["text"])
+        elif "data" in content:
+            texts.append(content["data"].get("text/plain", ""))
+        elif msg["msg_type"] == "error":
+            texts.append("\n".join(content["traceback"]))
+
+    reply = kc.execute_interactive(code, output_hook=hook, timeout=CELL_TIMEOUT)
+    return reply["content"], "\n".join(texts)
+
+
+def test_stop_button_interrupts_without_a_restart(kernel):
+    km, kc = kernel
+    reply, _ = run(kc, "%%spmd\nimport jax, time\nkept = 100 + jax.process_index()")
+    assert reply["status"] == "ok"
+    _, before = run(kc, "print([p.pid for p in _jax_cluster_magics().cluster.processes])",
+                    prelude=True)
+    msg_id = kc.execute("%%spmd\nprint('sleeping', flush=True)\ntime.sleep(1000)")
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:  # interrupt once every process runs the cell
+        msg = kc.get_iopub_msg(timeout=60)
+        if msg["parent_header"].get("msg_id") == msg_id and "sleeping" in json.dumps(
+            msg["content"]
+        ):
+            break
+    else:
+        pytest.fail("the cell's output never came")
+    time.sleep(1)
+    interrupted = time.monotonic()
+    km.interrupt_kernel()  # what the stop button does: SIGINT to the kernel
+    reply = kc.get_shell_msg(timeout=30)
+    took = time.monotonic() - interrupted
+    assert reply["parent_header"]["msg_id"] == msg_id
+    assert took < 5, took
+    content = reply["content"]
+    assert content["status"] == "error" and content["ename"] == "SPMDError"
+    assert "interrupted" in content["evalue"]
+    assert "processes 0-3 raised KeyboardInterrupt" in content["evalue"]
+    tb = "\n".join(content["traceback"])
+    assert "their state is kept" in tb and "restarted" not in tb
+    _, after = run(kc, "print([p.pid for p in _jax_cluster_magics().cluster.processes])",
+                   prelude=True)
+    assert after == before  # the same engines: no restart
+    reply, text = run(kc, "%%spmd\nprint(kept)")
+    assert reply["status"] == "ok"
+    assert text.strip().endswith("\n".join(f"[process {i}]\n{100 + i}" for i in range(4)))
