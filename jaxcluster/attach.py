@@ -6,6 +6,7 @@ cluster id (``ipcluster start`` and ``ipyparallel.Cluster`` write it there).
 
 from __future__ import annotations
 
+import logging
 import os
 
 import ipyparallel as ipp
@@ -24,8 +25,13 @@ def attach_client(
         lookup: dict = {}
     else:
         profile = profile or "default"
-        # ipyparallel's own profile lookup ($IPYTHONDIR), without a wait for a missing file
-        profile_dir = ipp.Cluster(profile=profile, cluster_id=cluster_id or "").profile_dir
+        # ipyparallel's own profile lookup ($IPYTHONDIR), without a wait for a missing file. A
+        # cluster id of its own: ipyparallel names a Cluster's logger by its id, and one shared
+        # with the user's own Cluster object would change how loud that one is.
+        lookup_id = f"jaxcluster-lookup-{os.getpid()}"
+        profile_dir = ipp.Cluster(
+            profile=profile, cluster_id=lookup_id, log_level=logging.ERROR
+        ).profile_dir
         name = f"ipcontroller-{cluster_id + '-' if cluster_id else ''}client.json"
         path = os.path.join(profile_dir, "security", name)
         where = f"profile {profile}" + (f", cluster id {cluster_id}" if cluster_id else "")

@@ -78,3 +78,47 @@ def magics_shell(start_line: str) -> Iterator:
         yield shell
     finally:
         shell.run_line_magic("jax_cluster", "stop")
+
+
+@contextmanager
+def python_kernel(ready_timeout: float = 120) -> Iterator:
+    """A real ipykernel (what a notebook talks to): (manager, client), always shut down."""
+    from jupyter_client import KernelManager
+
+    km = KernelManager(kernel_name="python3")
+    km.start_kernel(env={**os.environ, "IPP_NONINTERACTIVE": "1"})
+    kc = km.client()
+    kc.start_channels()
+    try:
+        kc.wait_for_ready(timeout=ready_timeout)
+        yield km, kc
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
+
+
+def shell_cluster(shell):
+    """The cluster the magics of ``shell`` hold."""
+    return shell.magics_manager.registry["JaxClusterMagics"].cluster
+
+
+def run_spmd(shell, body: str, line: str = "") -> tuple:
+    """Run a %%spmd cell in ``shell``; return (all text shown, captured outputs)."""
+    from IPython.utils.capture import capture_output
+
+    with capture_output() as captured:
+        shell.run_cell_magic("spmd", line, body)
+    texts = [o.data.get("text/plain", "") for o in captured.outputs]
+    return "\n".join([*texts, captured.stdout]), captured
+
+
+def failing_spmd(shell, body: str, line: str = "") -> tuple:
+    """Run a %%spmd cell that must fail; return (text shown, the report, the SPMDError)."""
+    from IPython.utils.capture import capture_output
+
+    from jaxcluster.errors import SPMDError
+
+    with capture_output() as captured, pytest.raises(SPMDError) as info:
+        shell.run_cell_magic("spmd", line, body)
+    shown = "\n".join([o.data.get("text/plain", "") for o in captured.outputs] + [captured.stdout])
+    return shown, "\n".join(info.value._render_traceback_()), info.value

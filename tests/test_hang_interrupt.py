@@ -4,13 +4,11 @@ process of a 4 × 2 cluster: back within 5 s, KeyboardInterrupt, no restart, sta
 from __future__ import annotations
 
 import json
-import os
 import time
 
 import pytest
-from jupyter_client import KernelManager
 
-from tests.conftest import cluster_processes
+from tests.conftest import cluster_processes, python_kernel
 
 pytestmark = pytest.mark.cluster
 
@@ -19,21 +17,15 @@ CELL_TIMEOUT = 180
 
 @pytest.fixture(scope="module")
 def kernel():
-    km = KernelManager(kernel_name="python3")
-    km.start_kernel(env={**os.environ, "IPP_NONINTERACTIVE": "1"})
-    kc = km.client()
-    kc.start_channels()
     cluster_id = None
     try:
-        kc.wait_for_ready(timeout=120)
-        run(kc, "%load_ext jaxcluster")
-        run(kc, "%jax_cluster start --nodes 4 --devices-per-node 2 --platform cpu")
-        _, text = run(kc, "print(_jax_cluster_magics().cluster.cluster_id)", prelude=True)
-        cluster_id = text.split()[-1]
-        yield km, kc
+        with python_kernel() as (km, kc):
+            run(kc, "%load_ext jaxcluster")
+            run(kc, "%jax_cluster start --nodes 4 --devices-per-node 2 --platform cpu")
+            _, text = run(kc, "print(_jax_cluster_magics().cluster.cluster_id)", prelude=True)
+            cluster_id = text.split()[-1]
+            yield km, kc
     finally:
-        kc.stop_channels()
-        km.shutdown_kernel(now=True)
         for proc in cluster_processes(cluster_id) if cluster_id else []:
             proc.kill()
 

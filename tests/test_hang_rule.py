@@ -10,7 +10,7 @@ from IPython.utils.capture import capture_output
 
 from jaxcluster.errors import SPMDError
 from jaxcluster.render.cell import failure_lines
-from tests.conftest import magics_shell
+from tests.conftest import failing_spmd, magics_shell, run_spmd, shell_cluster
 
 pytestmark = pytest.mark.cluster
 
@@ -36,21 +36,11 @@ def ip():
 
 @pytest.fixture
 def cluster(ip):
-    return ip.magics_manager.registry["JaxClusterMagics"].cluster
+    return shell_cluster(ip)
 
 
 def spmd(ip, body, line=""):
-    with capture_output() as captured:
-        ip.run_cell_magic("spmd", line, body)
-    return "\n".join([*(o.data.get("text/plain", "") for o in captured.outputs),
-                      captured.stdout])
-
-
-def failing_spmd(ip, body, line=""):
-    with capture_output() as captured, pytest.raises(SPMDError) as info:
-        ip.run_cell_magic("spmd", line, body)
-    shown = "\n".join([o.data.get("text/plain", "") for o in captured.outputs] + [captured.stdout])
-    return shown, "\n".join(info.value._render_traceback_()), info.value
+    return run_spmd(ip, body, line)[0]
 
 
 def pids(cluster):

@@ -3,27 +3,19 @@ the start progress widget and ``%%spmd``'s streaming output."""
 
 from __future__ import annotations
 
-import os
 import time
 
 import pytest
-from jupyter_client import KernelManager
+
+from tests.conftest import python_kernel
 
 pytestmark = pytest.mark.cluster
 
 
 @pytest.fixture(scope="module")
 def kernel():
-    km = KernelManager(kernel_name="python3")
-    km.start_kernel(env={**os.environ, "IPP_NONINTERACTIVE": "1"})
-    kc = km.client()
-    kc.start_channels()
-    kc.wait_for_ready(timeout=60)
-    try:
+    with python_kernel() as (_, kc):
         yield kc
-    finally:
-        kc.stop_channels()
-        km.shutdown_kernel(now=False)
 
 
 def execute(kc, code, timeout=120):

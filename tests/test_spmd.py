@@ -10,10 +10,9 @@ import time
 import pytest
 from IPython import get_ipython
 from IPython.core.error import UsageError
-from IPython.utils.capture import capture_output
 
 from jaxcluster.errors import SPMDError
-from tests.conftest import magics_shell
+from tests.conftest import failing_spmd, magics_shell, run_spmd, shell_cluster
 
 pytestmark = pytest.mark.cluster
 
@@ -32,22 +31,10 @@ def ip():
 
 @pytest.fixture
 def cluster(ip):
-    return ip.magics_manager.registry["JaxClusterMagics"].cluster
+    return shell_cluster(ip)
 
 
-def spmd(ip, body, line=""):
-    """Run a %%spmd cell; return (all text shown, captured outputs)."""
-    with capture_output() as captured:
-        ip.run_cell_magic("spmd", line, body)
-    texts = [o.data.get("text/plain", "") for o in captured.outputs]
-    return "\n".join([*texts, captured.stdout]), captured
-
-
-def failing_spmd(ip, body, line=""):
-    with capture_output() as captured, pytest.raises(SPMDError) as info:
-        ip.run_cell_magic("spmd", line, body)
-    shown = "\n".join([o.data.get("text/plain", "") for o in captured.outputs] + [captured.stdout])
-    return shown, "\n".join(info.value._render_traceback_()), info.value
+spmd = run_spmd
 
 
 def test_identical_output_is_shown_once(ip):
