@@ -98,3 +98,14 @@ def test_a_privileged_port_without_root_is_reported_as_such():
     message = port_claim_error(json.loads(done.stdout), 1, "h0", "--coordinator-port P")
     assert "ports below 1024 need root" in message
     assert "already in use" not in message
+
+
+def test_the_version_is_written_once():
+    # pyproject.toml reads it from __init__.py (hatch's dynamic version): they cannot disagree
+    from importlib.metadata import version
+
+    import jaxcluster
+
+    assert version("jaxcluster") == jaxcluster.__version__
+    with open(os.path.join(os.path.dirname(__file__), "..", "pyproject.toml")) as f:
+        assert 'dynamic = ["version"]' in f.read()
