@@ -3,11 +3,12 @@
 ipyparallel starts each process in its own session so that signals are not forwarded, and its
 atexit hook cannot run when the notebook's kernel is killed with SIGKILL. This small process
 outlives its parent for exactly that case: it polls the parent and, when the parent has exited,
-kills every pid that ipyparallel's cluster file lists (controller and engines) and their children;
-engines started over ssh are killed over ssh, since their pids belong to other hosts, and
-Slurm jobs are cancelled.
+kills every pid that ipyparallel's cluster file lists (controller and engines) and their children,
+and every local process whose environment names the cluster (``IPP_CLUSTER_ID``: engines launched
+before the cluster file listed them, e.g. when the parent died mid-launch). Engines started over
+ssh are killed over ssh, since their pids belong to other hosts, and Slurm jobs are cancelled.
 
-Run as ``python -m jaxcluster._watchdog PARENT_PID PARENT_CREATE_TIME CLUSTER_FILE``.
+Run as ``python -m jaxcluster._watchdog PARENT_PID PARENT_CREATE_TIME CLUSTER_FILE CLUSTER_ID``.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ import time
 import psutil
 
 POLL_SECONDS = 0.5
+# scans for processes of the cluster, until one finds none (a nanny may fork as we kill)
+SCAN_ROUNDS = 10
 
 
 def parent_alive(pid: int, create_time: float) -> bool:
@@ -151,25 +154,70 @@ def kill_tree(pids: list[int]) -> None:
     for proc in procs:
         with contextlib.suppress(psutil.Error):
             proc.kill()
-    psutil.wait_procs(procs, timeout=5)
+    wait_gone(procs, timeout=5)
 
 
-def kill_cluster(cluster_file: str) -> None:
-    """Kill everything ``cluster_file`` lists, wherever it runs, and remove the file."""
+def wait_gone(procs: list[psutil.Process], timeout: float) -> None:
+    """Wait until each process is gone or a zombie: an orphan's zombie lingers where nobody
+    reaps (a container's pid 1 may not), and ``psutil.wait_procs`` would wait it out."""
+    deadline = time.monotonic() + timeout
+    while procs and time.monotonic() < deadline:
+        procs = [proc for proc in procs if _running(proc)]
+        time.sleep(0.05)
+
+
+def _running(proc: psutil.Process) -> bool:
+    try:
+        return proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def local_cluster_pids(cluster_id: str) -> list[int]:
+    """This user's processes that ipyparallel started for ``cluster_id``: its launchers give
+    engines and nannies ``IPP_CLUSTER_ID``, the controller ``--cluster-id`` (pids by start)."""
+    me, flag = os.getpid(), f"--cluster-id={cluster_id}"
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        if proc.pid == me:
+            continue
+        with contextlib.suppress(psutil.Error):  # gone, or someone else's
+            if flag in (proc.info["cmdline"] or []) or (
+                proc.environ().get("IPP_CLUSTER_ID") == cluster_id
+            ):
+                found.append(proc.pid)
+    return found
+
+
+def kill_local(cluster_id: str) -> None:
+    """Kill this machine's processes of ``cluster_id``, including ones no cluster file lists."""
+    for _ in range(SCAN_ROUNDS):
+        pids = local_cluster_pids(cluster_id)
+        if not pids:
+            return
+        kill_tree(pids)
+
+
+def kill_cluster(cluster_file: str, cluster_id: str | None = None) -> None:
+    """Kill everything ``cluster_file`` lists, wherever it runs, and this machine's processes
+    of ``cluster_id``; remove the file."""
     info = read_cluster_file(cluster_file)
     cancel_slurm_jobs(cluster_slurm_jobs(info))
     kill_tree(cluster_pids(info))
+    if cluster_id:
+        kill_local(cluster_id)
     run_all(ssh_kill_commands(ssh_engines(info)), timeout=30)
     with contextlib.suppress(OSError):
         os.remove(cluster_file)
 
 
-def start(cluster_file: str) -> subprocess.Popen:
-    """A watchdog for the cluster of ``cluster_file``, watching this process."""
+def start(cluster_file: str, cluster_id: str) -> subprocess.Popen:
+    """A watchdog for the cluster ``cluster_id`` (its file need not exist yet), watching this
+    process; start it before any process of the cluster."""
     me = psutil.Process()
     return subprocess.Popen(
         [sys.executable, "-m", "jaxcluster._watchdog", str(me.pid), repr(me.create_time()),
-         cluster_file],
+         cluster_file, cluster_id],
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -186,9 +234,10 @@ def stop(watchdog: subprocess.Popen | None) -> None:
 
 def main(argv: list[str]) -> int:
     parent_pid, create_time, cluster_file = int(argv[0]), float(argv[1]), argv[2]
+    cluster_id = argv[3] if len(argv) > 3 else None
     while parent_alive(parent_pid, create_time):
         time.sleep(POLL_SECONDS)
-    kill_cluster(cluster_file)
+    kill_cluster(cluster_file, cluster_id)
     return 0
 
 

@@ -1,6 +1,7 @@
 """From a launch plan to engines up: controller, watchdog, client, engines registered.
 
-Every wait is bounded by the cluster's timeout, and an engine that ends before registering
+One deadline, the cluster's timeout from the start's first step, bounds the whole start
+(launching included), and an engine that ends before registering
 fails the start at once, with its output. ``jax.distributed`` on the engines is
 ``distributed.py``'s part.
 """
@@ -15,7 +16,7 @@ import os
 import subprocess
 import time
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 import ipyparallel as ipp
@@ -29,7 +30,7 @@ from .hosts import engines_by_host
 from .launchers import plan_launch
 from .options import ClusterOptions
 
-# beyond the cluster's timeout, for ipyparallel's own steps around the processes
+# beyond the cluster's timeout, for ipyparallel's own steps when stopping
 MARGIN_SECONDS = 30
 # seconds the hosts get to say who they are, when an error is named by host
 IDENTIFY_SECONDS = 5
@@ -94,34 +95,64 @@ def plan(options: ClusterOptions, stack_dir: str) -> Launched:
     return Launched(cluster, launch.controller_ip)
 
 
-def start_controller(launched: Launched, options: ClusterOptions, loop: LoopThread) -> None:
-    """The controller, its watchdog (for when this process dies) and a client of it."""
+def deadline_for(options: ClusterOptions) -> float:
+    """The ``time.monotonic()`` by which a start beginning now must be done."""
+    return time.monotonic() + options.timeout
+
+
+def remaining(deadline: float, options: ClusterOptions, what: str) -> float:
+    """Seconds left before ``deadline``, or a ``JaxClusterError`` saying the start ran out."""
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise JaxClusterError(
+            f"Could not {what}: the start took longer than --timeout {options.timeout:g} s. "
+            "The machine may be overloaded; raise --timeout or lower --nodes."
+        )
+    return left
+
+
+def within(options: ClusterOptions, deadline: float, what: str) -> ClusterOptions:
+    """``options`` whose timeout is what is left of the start, for the steps that take one."""
+    return replace(options, timeout=remaining(deadline, options, what))
+
+
+def start_controller(
+    launched: Launched, options: ClusterOptions, loop: LoopThread, deadline: float
+) -> None:
+    """The watchdog (for when this process dies; first, so that it sees every process of the
+    cluster), the controller, and a client of it."""
     cluster = launched.ipp_cluster
-    bound = options.timeout + MARGIN_SECONDS
-    loop.run(cluster.start_controller(), bound, "start the controller")
+    launched.watchdog = _watchdog.start(cluster.cluster_file, cluster.cluster_id)
+    what = "start the controller"
+    loop.run(cluster.start_controller(), remaining(deadline, options, what), what)
     # ipyparallel writes it with the default umask; it names hosts, pids and ssh options
     os.chmod(cluster.cluster_file, 0o600)
-    launched.watchdog = _watchdog.start(cluster.cluster_file)
-    launched.client = loop.run(cluster.connect_client(), bound, "connect to the controller")
+    what = "connect to the controller"
+    launched.client = loop.run(
+        cluster.connect_client(), remaining(deadline, options, what), what
+    )
 
 
 def start_engines(
-    launched: Launched, options: ClusterOptions, loop: LoopThread, progress: Progress | None
+    launched: Launched,
+    options: ClusterOptions,
+    loop: LoopThread,
+    progress: Progress | None,
+    deadline: float,
 ) -> list[int]:
     """Start the engines; their ids, in registration order, once all have registered."""
     cluster, client = launched.ipp_cluster, launched.client
     assert client is not None
     known = set(client.ids)
+    what = "start the engines"
+    left = remaining(deadline, options, what)
     try:
-        loop.run(
-            cluster.start_engines(options.nodes), options.timeout + MARGIN_SECONDS,
-            "start the engines",
-        )
+        loop.run(cluster.start_engines(options.nodes), left, what)
     except Exception as e:
         hosts = engine_sets.unstarted_hosts(cluster) if options.hosts else []
         where = f" on {', '.join(hosts)}" if hosts else ""
         raise JaxClusterError(f"Could not start the engines{where}: {e}") from None
-    return _registered(launched, known, options, progress)
+    return _registered(launched, known, options, progress, deadline)
 
 
 def stop_engines(launched: Launched, options: ClusterOptions, loop: LoopThread) -> None:
@@ -147,17 +178,22 @@ def shut_down(launched: Launched, options: ClusterOptions, loop: LoopThread) -> 
             cluster.update_cluster_file()
         _watchdog.kill_cluster(cluster.cluster_file)
     finally:
+        if options.launcher == "local":  # engines launched after the last cluster file update
+            _watchdog.kill_local(cluster.cluster_id)
         _watchdog.stop(launched.watchdog)
         launched.watchdog = None
 
 
 def _registered(
-    launched: Launched, known: set[int], options: ClusterOptions, progress: Progress | None
+    launched: Launched,
+    known: set[int],
+    options: ClusterOptions,
+    progress: Progress | None,
+    deadline: float,
 ) -> list[int]:
     """The new engines' ids once ``options.nodes`` have registered; fail fast on ended ones."""
     client = launched.client
     assert client is not None
-    deadline = time.monotonic() + options.timeout
     ended = engine_sets.any_engine_ends(launched.ipp_cluster)
     reported = -1
     while True:

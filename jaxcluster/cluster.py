@@ -165,14 +165,16 @@ class JaxCluster:
                 "(%jax_cluster restart)."
             )
         began = time.perf_counter()
+        deadline = bringup.deadline_for(self.options)
+        self.options.check_fits()  # before anything starts
         self._stack_dir = tempfile.mkdtemp(prefix="jaxcluster-stacks-")
         try:
             self._launched = bringup.plan(self.options, self._stack_dir)
             self.cluster_id = self._launched.ipp_cluster.cluster_id
-            bringup.start_controller(self._launched, self.options, self._loop)
+            bringup.start_controller(self._launched, self.options, self._loop, deadline)
             bringup.stop_at_exit(self)
             self._client = self._launched.client
-            self._start_processes(progress)
+            self._start_processes(progress, deadline)
         except BaseException:
             self.stop()
             raise
@@ -226,7 +228,7 @@ class JaxCluster:
             self.processes = []
             try:
                 bringup.stop_engines(launched, self.options, self._loop)
-                self._start_processes(progress)
+                self._start_processes(progress, bringup.deadline_for(self.options))
             except BaseException:
                 self.stop()
                 raise
@@ -346,14 +348,16 @@ class JaxCluster:
                 "No cluster is running. Start one with %jax_cluster start --nodes N."
             )
 
-    def _start_processes(self, progress: Progress | None) -> None:
-        """Start engines, wait for them, then initialize JAX on all of them at once."""
+    def _start_processes(self, progress: Progress | None, deadline: float) -> None:
+        """Start engines, wait for them, then initialize JAX on all of them at once; all by
+        ``deadline``."""
         launched = self._launched
         assert launched is not None and launched.client is not None
-        engine_ids = bringup.start_engines(launched, self.options, self._loop, progress)
+        engine_ids = bringup.start_engines(launched, self.options, self._loop, progress, deadline)
+        options = bringup.within(self.options, deadline, "initialize jax.distributed")
         self._take(
             distributed.initialize(
-                launched.client, engine_ids, self.options, launched.controller_ip, progress
+                launched.client, engine_ids, options, launched.controller_ip, progress
             )
         )
 

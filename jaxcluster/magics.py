@@ -60,7 +60,7 @@ class JaxClusterMagics(ClusterMagicsBase):
         help="%jax_cluster start --devices-per-node. None: 2 CPU devices, or the GPUs' share.",
     ).tag(config=True)
     start_timeout = Float(
-        120.0, help="%jax_cluster start/connect --timeout: seconds to wait for engines and JAX.",
+        120.0, help="%jax_cluster start/connect --timeout: bound on the whole start, in seconds.",
     ).tag(config=True)
 
     @validate("hang_after", "start_timeout", "live_tail", "nodes", "devices_per_node")

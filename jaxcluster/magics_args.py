@@ -145,8 +145,8 @@ CLUSTER_OPTIONS: list[tuple[tuple[str, ...], tuple[str, ...], dict[str, Any]]] =
     )),
     (("--timeout",), ("start", "connect"), dict(
         type=seconds("--timeout", 120), metavar="S",
-        help="seconds to wait for engines to register and for jax.distributed. Default 120 "
-        "(setting: JaxClusterMagics.start_timeout).",
+        help="bound on the whole start (launch, engines registering, jax.distributed), in "
+        "seconds. Default 120 (setting: JaxClusterMagics.start_timeout).",
     )),
     (("--coordinator-port",), ("start", "connect"), dict(
         type=whole("--coordinator-port", 12355, most=65535), metavar="P",

@@ -5,8 +5,12 @@ A bad option is rejected before anything starts, with a message naming the fix.
 
 from __future__ import annotations
 
+import os
+import resource
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
+
+import psutil
 
 from .errors import ConfigError
 from .hosts import check_hosts_options, check_local_ip, parse_hosts, split_host_port
@@ -16,6 +20,14 @@ PLATFORMS = ("cpu", "gpu", "cuda", "rocm", "tpu")
 DEFAULT_NODES = 4
 DEFAULT_CPU_DEVICES = 2
 DEFAULT_TIMEOUT = 120.0
+# What one local JAX CPU process costs. Measured on this 2-core box with a 2-process cluster
+# (1 CPU device each, a jnp computation run): the engine's PSS is 142 MiB (RSS 229) and its
+# ipyparallel nanny's 28 MiB (RSS 41); rounded up for what user code first allocates.
+MIB_PER_PROCESS = 256
+# the controller and its schedulers (about 100 MiB PSS together), once per cluster
+MIB_PER_CLUSTER = 256
+# threads count against RLIMIT_NPROC and pid_max: 33 in the engine (XLA's pools), 3 in the nanny
+TASKS_PER_PROCESS = 40
 # the launcher of a cluster attached by ``connect``: its engines were started by someone else
 ATTACHED = "attached"
 
@@ -138,6 +150,11 @@ class ClusterOptions:
     def attached(self) -> bool:
         return self.launcher == ATTACHED
 
+    def check_fits(self) -> None:
+        """A ``ConfigError`` when this machine cannot hold ``nodes`` local JAX processes."""
+        if self.launcher == "local":  # other hosts' memory and limits are unknown here
+            check_local_capacity(self.nodes)
+
     def environment(self, stack_dir: str | None) -> dict[str, str]:
         """The engines' environment: JAX's platform and device count, ours, then the user's."""
         devices = None
@@ -161,6 +178,55 @@ class ClusterOptions:
             timeout=self.timeout,
             scratch_dir=stack_dir,
         )
+
+
+def check_local_capacity(nodes: int) -> None:
+    """Refuse ``nodes`` local JAX processes that memory or the process limits cannot hold, saying
+    how many would fit; what runs already counts, as the memory it holds and the tasks it runs."""
+    available_mib = psutil.virtual_memory().available // 2**20 - MIB_PER_CLUSTER
+    by_memory = max(0, available_mib // MIB_PER_PROCESS)
+    free_tasks, limit = _free_tasks()
+    by_tasks = max(0, free_tasks // TASKS_PER_PROCESS)
+    if nodes <= min(by_memory, by_tasks):
+        return
+    fit = min(by_memory, by_tasks)
+    if by_memory <= by_tasks:
+        why = (
+            f"--nodes {nodes} needs about {_gib(nodes * MIB_PER_PROCESS + MIB_PER_CLUSTER)} of "
+            f"memory (about {MIB_PER_PROCESS} MiB per JAX process), and this machine has "
+            f"{_gib(available_mib + MIB_PER_CLUSTER)} available"
+        )
+    else:
+        why = (
+            f"--nodes {nodes} needs about {nodes * TASKS_PER_PROCESS} threads (about "
+            f"{TASKS_PER_PROCESS} per JAX process), and {limit} leaves room for {free_tasks}"
+        )
+    raise ConfigError(
+        f"{why}: at most {fit} processes fit. Lower --nodes (e.g. --nodes {max(1, fit)}), "
+        "or spread the processes over hosts (--launcher ssh|mpi|slurm)."
+    )
+
+
+def _free_tasks() -> tuple[int, str]:
+    """How many more tasks (threads) may start, and which limit says so."""
+    # /proc/loadavg's fourth field: runnable/total tasks on the machine (an upper bound of ours)
+    try:
+        with open("/proc/loadavg") as f:
+            running = int(f.read().split()[3].split("/")[1])
+        with open("/proc/sys/kernel/pid_max") as f:
+            pid_max = int(f.read())
+    except (OSError, ValueError, IndexError):
+        running, pid_max = len(psutil.pids()), 2**22
+    soft, _ = resource.getrlimit(resource.RLIMIT_NPROC)
+    limits = [(pid_max - running, f"pid_max ({pid_max})")]
+    if soft != resource.RLIM_INFINITY and os.getuid() != 0:  # root is not held to RLIMIT_NPROC
+        limits.append((soft - running, f"RLIMIT_NPROC ({soft}, ulimit -u)"))
+    free, name = min(limits)
+    return max(0, free), name
+
+
+def _gib(mib: int) -> str:
+    return f"{mib / 1024:.1f} GiB"
 
 
 def _checked_platform(platform: str | None) -> str | None:
