@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import re
 import signal
 import subprocess
 from collections.abc import Callable, Coroutine
@@ -81,8 +82,29 @@ def exited_engine_output(cluster: ipp.Cluster | None) -> list[str]:
         where = f" on {host}" if host else ""
         ended = f" (exit code {code})" if code is not None else ""
         lines.append(f"--- {what}{where}, pid {data.get('pid')}{ended} ---")
-        lines.extend(output.strip().splitlines()[-15:])
+        reasons, rest = open_mpi_reasons(output) if what == "mpiexec" else ([], output)
+        # Open MPI's reason and fix come first: its help text is long, a tail cuts them off
+        lines.extend(reasons)
+        lines.extend(rest.strip().splitlines()[-15:])
     return lines
+
+
+def open_mpi_reasons(output: str) -> tuple[list[str], str]:
+    """Open MPI's account of why it refused, and the output outside its help texts.
+
+    Open MPI frames each help text in rules of dashes: of each, the first paragraph (the
+    reason) and those that name an option (the fix) are kept, each on one line.
+    """
+    parts = re.split(r"^-{20,}[ \t]*$", output, flags=re.MULTILINE)
+    if len(parts) < 3:
+        return [], output
+    reasons = []
+    for block in parts[1::2]:  # between rules
+        paragraphs = [" ".join(p.split()) for p in re.split(r"\n\s*\n", block) if p.strip()]
+        if paragraphs:
+            reasons.append(f"Open MPI: {paragraphs[0]}")
+            reasons.extend(f"  {p}" for p in paragraphs[1:] if re.search(r"--[a-z-]+ option", p))
+    return reasons, "\n".join(parts[0::2])
 
 
 def launch_host(stop_data: dict) -> str:

@@ -154,9 +154,9 @@ def _plan_ssh(request: LaunchRequest) -> LaunchPlan:
 def _plan_mpi(request: LaunchRequest) -> LaunchPlan:
     """One ``mpiexec -n N [forwarded env] [--launcher-args] python -m jaxcluster.engine``.
 
-    Process indices follow MPI ranks (see ``engine.process.launch_rank``). Nothing that changes
-    mpiexec's policy is added: running as root or more ranks than cores is the user's call
-    (``--launcher-args "--allow-run-as-root --oversubscribe"`` with Open MPI).
+    Process indices follow MPI ranks (see ``engine.process.launch_rank``). Where every rank
+    runs on this machine, Open MPI is told to allow more ranks than cores, and root (see
+    ``_open_mpi_local_args``); on real hosts mpiexec's policy is the user's call.
     """
     mpiexec = _require_command(
         "mpiexec", "mpi", "install an MPI (on Debian: apt-get install openmpi-bin)"
@@ -164,8 +164,12 @@ def _plan_mpi(request: LaunchRequest) -> LaunchPlan:
     config = Config()
     engine_set = config.MPIEngineSetLauncher
     engine_set.mpi_cmd = [mpiexec]
-    forwarded = _mpi_environment_args(mpiexec, request.environment)
-    engine_set.mpi_args = [*forwarded, *request.launcher_args]
+    if _is_open_mpi(mpiexec):
+        forwarded = _mpi_environment_args(request.environment)
+        local = _open_mpi_local_args(request.launcher_args)
+    else:
+        forwarded, local = [], []
+    engine_set.mpi_args = [*forwarded, *local, *request.launcher_args]
     engine_set.stop_seconds_until_kill = MPIEXEC_SECONDS_UNTIL_KILL
     return _plan("mpi", engine_set, config, request, request.ip or reachable_address())
 
@@ -224,22 +228,49 @@ def _plan(
     )
 
 
-def _mpi_environment_args(mpiexec: str, environment: dict[str, str]) -> list[str]:
-    """``-x NAME`` per engine variable for Open MPI, which passes only those to other hosts.
-
-    MPICH's and Intel MPI's Hydra pass the whole environment without being asked.
-    """
+def _is_open_mpi(mpiexec: str) -> bool:
+    """Whether ``mpiexec`` is Open MPI's (MPICH's and Intel MPI's Hydra need none of its flags)."""
     try:
         version = subprocess.run(
             [mpiexec, "--version"], capture_output=True, text=True, timeout=30
         ).stdout
     except (OSError, subprocess.SubprocessError):
-        return []
-    if "Open MPI" not in version and "OpenRTE" not in version:
-        return []
+        return False
+    return "Open MPI" in version or "OpenRTE" in version
+
+
+def _mpi_environment_args(environment: dict[str, str]) -> list[str]:
+    """``-x NAME`` per engine variable for Open MPI, which passes only those to other hosts.
+
+    MPICH's and Intel MPI's Hydra pass the whole environment without being asked.
+    """
     # ipyparallel tells engines their cluster through these, not on the command line
     names = [*environment, "IPP_CLUSTER_ID", "IPP_PROFILE_DIR"]
     return [arg for name in names for arg in ("-x", name)]
+
+
+# Open MPI options and batch systems that put ranks on other hosts
+_OPEN_MPI_HOST_OPTIONS = ("-H", "-host", "--host", "-hostfile", "--hostfile", "-machinefile",
+                          "--machinefile", "--default-hostfile", "-default-hostfile")
+_ALLOCATION_VARIABLES = ("SLURM_JOB_ID", "PBS_NODEFILE", "LSB_DJOB_HOSTFILE", "PE_HOSTFILE")
+
+
+def _open_mpi_local_args(launcher_args: list[str]) -> list[str]:
+    """Open MPI's flags for a simulated cluster on this machine: more ranks than cores
+    (``--oversubscribe``: on purpose here) and, as root (the usual JAX container),
+    ``--allow-run-as-root``. None where the ranks may go to other hosts, and none that the
+    user's own ``--launcher-args`` already decide (``--nooversubscribe``, ``--map-by ...``)."""
+    named = [arg.split("=", 1)[0] for arg in launcher_args]
+    if any(arg in _OPEN_MPI_HOST_OPTIONS for arg in named) or any(
+        os.environ.get(name) for name in _ALLOCATION_VARIABLES
+    ):
+        return []
+    added = []
+    if not any("oversubscribe" in arg.lower() for arg in launcher_args):
+        added.append("--oversubscribe")
+    if os.geteuid() == 0 and "--allow-run-as-root" not in named:
+        added.append("--allow-run-as-root")
+    return added
 
 
 _PLANNERS = {"local": _plan_local, "ssh": _plan_ssh, "mpi": _plan_mpi, "slurm": _plan_slurm}

@@ -21,15 +21,10 @@ needs_mpiexec = pytest.mark.skipif(
     "(scripts/install-system-deps.sh)",
 )
 
-# Open MPI refuses more ranks than cores, and root, unless told: the user's call, made here.
-OPEN_MPI_ARGS = "--oversubscribe" + (" --allow-run-as-root" if os.geteuid() == 0 else "")
-
-
 def mpi_cluster(**kwargs) -> JaxCluster:
-    options = dict(
-        nodes=4, devices_per_node=2, platform="cpu", launcher="mpi",
-        launcher_args=OPEN_MPI_ARGS, timeout=120,
-    )
+    # no --launcher-args: on one machine jaxcluster tells Open MPI to oversubscribe (and,
+    # as root, to allow it) itself
+    options = dict(nodes=4, devices_per_node=2, platform="cpu", launcher="mpi", timeout=120)
     return JaxCluster(**{**options, **kwargs})
 
 
@@ -59,8 +54,10 @@ def test_open_mpi_is_told_to_pass_the_engine_environment_on():
     )
     engines = plan.config.MPIEngineSetLauncher
     assert plan.engine_launcher == "mpi"
+    root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
     assert engines.mpi_args == [
-        "-x", "JAX_PLATFORMS", "-x", "IPP_CLUSTER_ID", "-x", "IPP_PROFILE_DIR", "--oversubscribe"
+        "-x", "JAX_PLATFORMS", "-x", "IPP_CLUSTER_ID", "-x", "IPP_PROFILE_DIR", *root,
+        "--oversubscribe",
     ]
     assert engines.engine_cmd[1:] == ["-m", "jaxcluster.engine"]
 
@@ -77,6 +74,45 @@ def test_process_order_follows_distinct_ranks_only():
     # local engines inherit the notebook's own rank, if any: one value for all
     assert launch_order([7, 8], {7: {"rank": 0}, 8: {"rank": 0}}) == [7, 8]
     assert launch_order([7, 8], {7: {"rank": None}, 8: {"rank": 0}}) == [7, 8]
+
+
+@needs_mpiexec
+def test_a_local_cluster_gets_open_mpis_flags_for_this_machine_unless_the_user_decided():
+    def mpi_args(launcher_args: list[str]) -> list[str]:
+        request = LaunchRequest(launcher="mpi", nodes=4, environment={},
+                                launcher_args=launcher_args)
+        return plan_launch(request).config.MPIEngineSetLauncher.mpi_args[4:]
+
+    root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
+    assert mpi_args([]) == ["--oversubscribe", *root]
+    # the user's own policy stands, and is not contradicted
+    assert mpi_args(["--nooversubscribe"]) == [*root, "--nooversubscribe"]
+    assert mpi_args(["--map-by", "core:OVERSUBSCRIBE"]) == [*root, "--map-by", "core:OVERSUBSCRIBE"]
+    assert mpi_args(["--allow-run-as-root"]) == ["--oversubscribe", "--allow-run-as-root"]
+    # ranks on real hosts: mpiexec's policy is the user's call, passed through as it is
+    assert mpi_args(["-H", "a,b"]) == ["-H", "a,b"]
+    assert mpi_args(["--hostfile=hosts.txt"]) == ["--hostfile=hosts.txt"]
+
+
+@needs_mpiexec
+@pytest.mark.cluster
+def test_mpi_starts_on_this_machine_with_no_launcher_args(cluster):
+    # the module's cluster starts with none: more ranks than this machine's cores, and as root
+    # in a container, work out of the box
+    assert cluster.launcher_args == []
+    assert len(cluster.processes) == 4
+
+
+@needs_mpiexec
+@pytest.mark.cluster
+def test_mpiexec_that_refuses_says_why_first_and_the_flag_that_fixes_it():
+    cluster = mpi_cluster(launcher_args="--nooversubscribe", nodes=os.cpu_count() + 2)
+    with pytest.raises(JaxClusterError, match="exited before registering") as failure:
+        cluster.start()
+    output = str(failure.value).split("---", 2)[2].splitlines()
+    assert output[1].startswith("Open MPI: There are not enough slots available")
+    assert any("--oversubscribe option" in line for line in output[2:4])
+    assert wait_until_gone([p.pid for p in cluster_processes(cluster.cluster_id)], 15) == []
 
 
 @needs_mpiexec
@@ -131,7 +167,7 @@ def test_stop_ends_mpiexec_and_every_rank(cluster):
 @needs_mpiexec
 @pytest.mark.cluster
 def test_mpiexec_that_fails_is_quoted_at_once():
-    cluster = mpi_cluster(launcher_args=OPEN_MPI_ARGS + " --no-such-option")
+    cluster = mpi_cluster(launcher_args="--no-such-option")
     began = time.monotonic()
     with pytest.raises(JaxClusterError, match="exited before registering") as failure:
         cluster.start()

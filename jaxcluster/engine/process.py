@@ -16,6 +16,10 @@ from typing import Any
 # inside a Slurm job leaves the job's own SLURM_PROCID in every rank's environment.
 RANK_VARIABLES = ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID")
 
+# the GPUs ``initialize`` gave this process, if it gave any: what a script's local_device_ids
+# must name to agree with the running cluster
+_GPUS: list[int] | None = None
+
 
 def identity(toward: str | None = None) -> dict[str, Any]:
     """Where this engine runs: its host (as named in --hosts where it was started by name),
@@ -103,6 +107,7 @@ def initialize(
     """
     import jax
 
+    _enable_cross_host_transfers(address or "127.0.0.1")
     jax.distributed.initialize(
         coordinator_address=coordinator,
         num_processes=num_processes,
@@ -113,6 +118,8 @@ def initialize(
     )
     if address:
         _cpu_collectives_listen_on(address)
+    global _GPUS
+    _GPUS = gpus
     _install_hooks()
     try:
         return describe_jax()
@@ -129,6 +136,32 @@ def initialize(
             "platform is installed here (for NVIDIA GPUs: pip install 'jax[cuda12]') and that "
             f"its devices are visible, or choose another --platform.{share}"
         ) from e
+
+
+def _enable_cross_host_transfers(address: str) -> None:
+    """Let ``jax.device_put`` move arrays between processes (JAX's pipeline example).
+
+    JAX's CPU backend refuses such transfers unless its DCN transfer server has a socket
+    address; it must be set before the backend exists. Listen on this engine's own interface,
+    not on all interfaces (JAX's default for the transport): it is
+    unauthenticated. A user's own setting (``JAX_CROSS_HOST_TRANSFER_SOCKET_ADDRESS``) stays.
+    """
+    import jax
+
+    try:
+        from jax._src import xla_bridge
+
+        socket_flag = xla_bridge.CROSS_HOST_TRANSFER_SOCKET_ADDRESS
+        transport_flag = xla_bridge.CROSS_HOST_TRANSPORT_ADDRESSES
+    except (ImportError, AttributeError):  # a JAX without DCN transfers
+        return
+    if socket_flag.value:
+        return
+    # a real port: with port 0 the other processes are told ":0" and their transfers hang
+    port = claim_port().get("port", 0)
+    jax.config.update("jax_cross_host_transfer_socket_address", f"{address}:{port}")
+    if not transport_flag.value:
+        jax.config.update("jax_cross_host_transport_addresses", f"{address}:0")
 
 
 def _cpu_collectives_listen_on(address: str) -> None:
@@ -206,4 +239,99 @@ def _install_hooks() -> None:
 
     install_sharding_display()
     dispatch.install(os.environ.get("JAXCLUSTER_STACK_FILE"))
+    _absorb_scripts_initialize()
+
+
+def _absorb_scripts_initialize() -> None:
+    """Let a script's own ``jax.distributed.initialize(...)`` run unchanged in a cell.
+
+    JAX's scripts begin with it; on a running cluster JAX would fail with a misleading
+    message. A call that agrees with the cluster (or names nothing) becomes a note; one that
+    conflicts says which argument and why. Patched once: ``jax.distributed`` is read at call
+    time, so ``from jax.distributed import initialize`` after this gets it too.
+    """
+    import jax
+
+    if getattr(jax.distributed.initialize, "_jaxcluster", False):
+        return
+
+    def initialize(
+        coordinator_address: str | None = None,
+        num_processes: int | None = None,
+        process_id: int | None = None,
+        local_device_ids: int | list[int] | None = None,
+        *args: Any,
+        **kwargs: Any,
+    ) -> None:
+        conflict = script_initialize_conflict(coordinator_address, num_processes, process_id,
+                                              local_device_ids)
+        if conflict:
+            raise RuntimeError(
+                f"jax.distributed.initialize({conflict[0]}) conflicts with the running cluster: "
+                f"{conflict[1]}. jaxcluster already initialized jax.distributed on every "
+                "process; drop the call or its arguments, or restart the cluster with the "
+                "settings you want (%jax_cluster start --nodes N ...)."
+            )
+        print(f"jax.distributed is already initialized by jaxcluster: "
+              f"{jax.process_count()} processes")
+
+    initialize._jaxcluster = True  # type: ignore[attr-defined]
+    initialize.__doc__ = _absorb_scripts_initialize.__doc__
+    jax.distributed.initialize = initialize  # type: ignore[assignment]
+
+
+def script_initialize_conflict(
+    coordinator_address: str | None,
+    num_processes: int | None,
+    process_id: int | None,
+    local_device_ids: int | list[int] | None,
+) -> tuple[str, str] | None:
+    """The first argument of a script's ``jax.distributed.initialize`` that disagrees with this
+    process's place in the running cluster, as (``name=value``, why), or None."""
+    import jax
+    from jax._src.distributed import global_state
+
+    if num_processes is not None and num_processes != jax.process_count():
+        return (f"num_processes={num_processes}",
+                f"it runs {jax.process_count()} processes")
+    if process_id is not None and process_id != jax.process_index():
+        return (f"process_id={process_id}",
+                f"this is process {jax.process_index()} (each process's index is "
+                "jax.process_index(); launch order decides it)")
+    ours = global_state.coordinator_address
+    if coordinator_address is not None and ours and not _same_endpoint(coordinator_address, ours):
+        return (f"coordinator_address={coordinator_address!r}",
+                f"its coordinator is {ours}")
+    if local_device_ids is not None:
+        wanted = [local_device_ids] if isinstance(local_device_ids, int) else list(local_device_ids)
+        local = jax.local_devices()
+        have = _GPUS if _GPUS is not None else [d.local_hardware_id for d in local]
+        if sorted(wanted) != sorted(have) and sorted(wanted) != sorted(d.id for d in local):
+            return (f"local_device_ids={wanted}",
+                    f"this process was given devices {have}")
+    return None
+
+
+def _same_endpoint(given: str, ours: str) -> bool:
+    """Whether two ``host:port`` strings name the same endpoint (``localhost`` and
+    ``127.0.0.1`` alike, a name and its address alike)."""
+    given_host, _, given_port = given.rpartition(":")
+    our_host, _, our_port = ours.rpartition(":")
+    if given_port != our_port:
+        return False
+    if given_host.strip("[]") == our_host.strip("[]"):
+        return True
+    try:
+        resolved = {str(ai[4][0]) for ai in socket.getaddrinfo(given_host.strip("[]"), None)}
+        mine = {str(ai[4][0]) for ai in socket.getaddrinfo(our_host.strip("[]"), None)}
+    except OSError:
+        return False
+    return bool(resolved & mine) or all(_is_loopback(a) for a in resolved | mine)
+
+
+def _is_loopback(address: str) -> bool:
+    try:
+        return ipaddress.ip_address(address.split("%")[0]).is_loopback
+    except ValueError:
+        return False
 
