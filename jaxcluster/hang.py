@@ -18,9 +18,10 @@ can be read (engines on other hosts), nothing is declared: only ``--timeout`` bo
 from __future__ import annotations
 
 import re
+import sys
 from dataclasses import dataclass
 
-from .output import process_label
+from .output import parse_process_spec, process_label
 
 JAX_FRAME = re.compile(r'File "(?:[^"]*/)?(?:jax|jaxlib)/[^"]*", line \d+ in (\S+)')
 CELL_FRAME = re.compile(r'File "<cell>", line (\d+)')
@@ -53,12 +54,9 @@ def cell_line(stack: str) -> int | None:
 
 
 def parse_ranges(text: str) -> tuple[int, ...]:
-    """``0-2,5`` -> ``(0, 1, 2, 5)``; the inverse of ``output.format_ranges``."""
-    indices: list[int] = []
-    for part in filter(None, text.split(",")):
-        first, _, last = part.partition("-")
-        indices.extend(range(int(first), int(last or first) + 1))
-    return tuple(indices)
+    """``0-2,5`` -> ``(0, 1, 2, 5)``: what ``output.format_ranges`` wrote in a dispatch record,
+    read by the same parser as ``--process``; no upper bound, as the record names no count."""
+    return tuple(parse_process_spec(text, sys.maxsize)) if text else ()
 
 
 def waits_on_others(
