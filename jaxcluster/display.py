@@ -6,6 +6,8 @@ and ipywidgets. What to show is decided by the pure renderers in :mod:`jaxcluste
 
 from __future__ import annotations
 
+import html
+import json
 import os
 import sys
 import time
@@ -77,40 +79,83 @@ class StartProgress:
                 print(text)
 
 
-class LiveCell:
-    """A running cell's status and streamed output, updated in place in a notebook.
+class LiveOutput:
+    """A ``%%spmd`` cell's outputs, kept up to date while it runs.
 
-    Nothing is shown for a cell that ends within ``delay`` seconds without output, so quick
-    cells leave no trace; at the end the live area becomes the cell's final streamed output.
-    Outside a notebook nothing streams and only the final output is printed.
+    Each planned output is one display, updated in place by its display id when it changes,
+    so a process's widget, figure or progress line shows (and advances) where it was produced.
+    Once the cell has run ``delay`` seconds a status line heads the first output (inside it,
+    so that the finished cell holds the same outputs however long it ran); it goes at the end.
+    Outside a notebook nothing streams: the outputs are shown once, at the end.
     """
 
     def __init__(self, delay: float = 0.5) -> None:
         self._delay = delay
         self._started = time.monotonic()
-        self._handle: Any = None
         self._live = in_notebook()
+        self._status_shown = False
+        self._handles: list[Any] = []
+        self._shown: list[Shown | None] = []
+        self._widgets: dict[str, Any] = {}
 
-    def update(self, text: str, html: str, has_output: bool) -> None:
+    @property
+    def streaming(self) -> bool:
+        """False outside a notebook: nothing to plan until the end."""
+        return self._live
+
+    def update(self, status: str, items: Sequence[Shown]) -> None:
         if not self._live:
             return
-        if self._handle is None:
-            if not has_output and time.monotonic() - self._started < self._delay:
+        if not self._status_shown:
+            if not items and time.monotonic() - self._started < self._delay:
                 return
-            self._handle = display(_bundle(text, html), raw=True, display_id=True)
-        else:
-            self._handle.update(_bundle(text, html), raw=True)
+            self._status_shown = True
+        self._sync(_headed(status, items))
 
-    def finish(self, text: str, html: str) -> None:
-        """Turn the live area into the final output (empty where the cell printed nothing).
+    def finish(self, items: Sequence[Shown]) -> None:
+        if not self._live:
+            show_all(items)
+            return
+        self._sync(items)
 
-        Only the live area's own display is updated: ``clear_output`` would also wipe what
-        the cell showed before it, such as the kernel's "JAX cluster ready" line.
-        """
-        if self._handle is not None:
-            self._handle.update(_bundle(text, html), raw=True)
-        elif text:
-            show(text, html)
+    def _sync(self, items: Sequence[Shown]) -> None:
+        for position, item in enumerate(items):
+            if position < len(self._shown):
+                if self._shown[position] != item:
+                    bundle, metadata = self._bundle(item)
+                    self._handles[position].update(bundle, raw=True, metadata=metadata)
+                    self._shown[position] = item
+            else:
+                bundle, metadata = self._bundle(item)
+                self._handles.append(display(bundle, raw=True, metadata=metadata,
+                                             display_id=True))
+                self._shown.append(item)
+        for position in range(len(items), len(self._shown)):
+            if self._shown[position] is not None:  # cleared on its process: emptied here
+                self._handles[position].update({"text/plain": ""}, raw=True)
+                self._shown[position] = None
+
+    def _bundle(self, item: Shown) -> tuple[dict[str, Any], dict[str, Any]]:
+        if item.sharding is not None:
+            key = json.dumps(item.sharding, sort_keys=True, default=str)
+            if key not in self._widgets:
+                from .widgets import ShardingWidget
+
+                self._widgets[key] = ShardingWidget(item.sharding)._repr_mimebundle_()
+            return dict(self._widgets[key]), {}
+        if item.bundle is not None:
+            return dict(item.bundle), dict(item.metadata or {})
+        return _bundle(item.text, item.html), {}
+
+
+def _headed(status: str, items: Sequence[Shown]) -> list[Shown]:
+    """``items`` with the status line inside the first, where that one is text; else above."""
+    line = Shown(status, html=f"<div class='jc-status-line'>{html.escape(status)}</div>")
+    if items and items[0].bundle is None and items[0].sharding is None:
+        first = items[0]
+        body = first.html or f"<pre>{html.escape(first.text)}</pre>"
+        return [Shown(f"{line.text}\n{first.text}", html=line.html + body), *items[1:]]
+    return [line, *items]
 
 
 def _bundle(text: str, html: str) -> dict[str, str]:
@@ -144,11 +189,11 @@ def show_sharding(layout: Mapping[str, Any]) -> None:
 
 
 def show_all(items: Sequence[Shown]) -> None:
-    """Show a cell's final outputs, planned by :func:`jaxcluster.render.cell.final_outputs`."""
+    """Show a cell's final outputs, planned by :func:`jaxcluster.render.cell.cell_outputs`."""
     for item in items:
         if item.sharding is not None:
             show_sharding(item.sharding)
         elif item.bundle is not None:
             show_bundle(item.bundle, item.metadata)
         else:
-            show(item.text)
+            show(item.text, item.html or None)

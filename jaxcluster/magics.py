@@ -15,8 +15,9 @@ from IPython.core.magic_arguments import argument, magic_arguments
 from traitlets import Float, Int, TraitError, validate
 
 from .cluster import JaxCluster
-from .display import LiveCell, StartProgress, show, show_all, show_sharding
+from .display import LiveOutput, StartProgress, show, show_sharding
 from .errors import SPMDError
+from .live import blocks
 from .magics_args import (
     check_options_apply,
     cluster_arguments,
@@ -248,11 +249,25 @@ class JaxClusterMagics(ClusterMagicsBase):
         cluster = self.require_cluster()
         selected = process_spec(args.process, cluster, "-p/--process")
         collapsed = not args.no_collapse
-        live = LiveCell()
+        live = LiveOutput()
         tail = self.live_tail
+        planned: dict[str, Any] = {"version": -1, "items": []}
+
+        def outputs(result: Any, final: bool = False) -> list[Any]:
+            relay = result.live
+            relay.drain()
+            if final or relay.version != planned["version"]:
+                planned["version"] = relay.version
+                planned["items"] = cell_render.cell_outputs(
+                    blocks(relay.logs, selected, collapsed),
+                    result.processes if final else None, selected, collapsed,
+                    None if final else tail,
+                )
+            return list(planned["items"])
 
         def on_update(result: Any) -> None:
-            live.update(*cell_render.live_view(result, selected, collapsed, tail))
+            if live.streaming:
+                live.update(cell_render.status_line(result), outputs(result))
 
         result = cluster.run(
             cell,
@@ -262,12 +277,10 @@ class JaxClusterMagics(ClusterMagicsBase):
             on_update=on_update,
             # the progress bar ends as the summary line, as for %jax_cluster restart
             on_restart=lambda: self._run_with_progress("restarting the cluster", cluster.restart),
+            # the shell counts the running cell already: it is the one before
+            cell_number=getattr(self.shell, "execution_count", 1) - 1,
         )
-        live.finish(
-            cell_render.streams_text(result.processes, selected, collapsed),
-            cell_render.streams_html(result.processes, selected, collapsed),
-        )
-        show_all(cell_render.final_outputs(result.processes, selected, collapsed))
+        live.finish(outputs(result, final=True))
         if not result.ok:
             raise SPMDError(*cell_render.error_report(result, selected, collapsed))
 

@@ -22,6 +22,7 @@ from typing import Any
 from . import hang
 from .contracts import ClusterHandle
 from .errors import UNKNOWN_ERROR, SPMDError, remote_error
+from .live import Relay
 from .output import clean_stream, process_label
 
 DEFAULT_HANG_AFTER = 10.0
@@ -60,6 +61,7 @@ class SPMDResult:
     restart_error: str | None = None
     restart_reason: str = ""  # why a restart was needed
     replay: Any = None  # recovery.Replay of the setup cells after the restart
+    live: Relay | None = None  # every process's outputs, message by message, as they came
 
     @property
     def ok(self) -> bool:
@@ -99,17 +101,21 @@ def run(
     on_update: Update | None = None,
     recover: bool = True,
     on_restart: Callable[[], Any] | None = None,
+    cell_number: int | None = None,
 ) -> SPMDResult:
     """Run ``code`` on every process of ``cluster`` in lockstep and gather what each produced.
 
     ``on_update`` is called from this thread with the partial result while the cell runs.
     ``on_restart`` runs the recovery (default ``cluster.restart()``, which replays the setup
-    cells) when a process died or could not be stopped.
+    cells) when a process died or could not be stopped. ``cell_number``: the notebook's
+    execution count, which the processes' tracebacks and warnings then name.
     """
     view = cluster.view
-    ar = view.execute(code, silent=False, block=False)
+    label = CELL_LABEL.format(cell_number) if cell_number is not None else None
+    ar = view.execute(code, silent=False, block=False, label=label)
     began = time.monotonic()
     result = SPMDResult([ProcessOutput(p.process_index) for p in cluster.processes])
+    result.live = _relay(ar, len(result.processes))
     result.timeout = timeout
     watcher = _Watcher(cluster, ar, result, began, timeout, hang_after)
     try:
@@ -128,6 +134,32 @@ def run(
             except Exception as e:  # reported with the cell, never raised over it
                 result.restart_error = str(e)
     return result
+
+
+CELL_LABEL = "jaxcluster-cell:{}"  # engine/cells.py reads it from the request's metadata
+
+
+def _relay(ar: Any, processes: int) -> Relay:
+    """Every iopub message of each process's request, passed on as it arrives.
+
+    ipyparallel keeps display updates, ``clear_output`` and their order only in the messages,
+    not in ``AsyncResult.metadata``; the messages reach ``MessageFuture.iopub_callbacks`` of
+    each engine's future. ``AsyncResult`` has no public accessor for those futures, so this
+    reads ``_children``, exactly as its own ``stream_output`` does
+    (``tests/test_live_output.py`` fails first if ipyparallel changes that).
+    """
+    relay = Relay(processes)
+    for index, future in enumerate(ar._children):
+        future.iopub_callbacks.append(
+            lambda msg, i=index: relay.receive(i, msg["header"]["msg_type"], msg["content"]))
+        md = future.output.metadata
+        if md["stdout"] or md["stderr"] or md["outputs"]:  # came before the hook: rare
+            for name in ("stdout", "stderr"):
+                if md[name]:
+                    relay.receive(index, "stream", {"name": name, "text": md[name]})
+            for output in md["outputs"]:
+                relay.receive(index, "display_data", output)
+    return relay
 
 
 class _Watcher:

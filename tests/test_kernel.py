@@ -192,9 +192,10 @@ class Kernel:
         return reply["content"], outputs
 
     def text(self, code: str, timeout: float = CELL_TIMEOUT) -> str:
-        """All of a cell's output as one string; the cell must succeed."""
+        """All of a cell's output as one string, a line per output as a notebook shows them;
+        the cell must succeed."""
         reply, outputs = self.run(code, timeout)
-        text = "".join(o[-1] for o in outputs)
+        text = "\n".join(o[-1].rstrip("\n") for o in outputs if o[-1])
         if reply["status"] != "ok":
             pytest.fail(f"the cell {code!r} failed:\n{text}")
         return text
@@ -416,5 +417,5 @@ def test_without_settings_cells_run_locally_until_a_cluster_starts(start_kernel)
     kernel.cluster_id()
     on_cluster = kernel.text("import os\nprint(os.getpid())")
     assert on_cluster.startswith("[process 0]\n") and str(kernel.pid) not in on_cluster
-    assert kernel.text("%jax_cluster stop") == "Cluster stopped.\n"
+    assert kernel.text("%jax_cluster stop") == "Cluster stopped."
     assert kernel.text("os.getpid()") == str(kernel.pid)

@@ -21,23 +21,6 @@ STDERR_STYLE = "background:#fdd"
 PRE_STYLE = "margin:0;padding:0 0 2px 0;font-family:var(--jp-code-font-family,monospace)"
 
 
-def stream_groups(
-    processes: Sequence[Any], selected: Sequence[int], collapsed: bool, tail: int | None = None
-) -> list[tuple[str, list[int], str]]:
-    """(stream name, process indices, text) for every non-empty stream, collapsed.
-
-    ``tail`` keeps only the last lines of each group: a live view of a chatty cell must not
-    resend everything it printed at every update.
-    """
-    groups = []
-    for name in ("stdout", "stderr"):
-        items = [(p.process_index, getattr(p, name)) for p in processes
-                 if p.process_index in selected and getattr(p, name)]
-        for indices, text in collapse(items, key=str, enabled=collapsed):
-            groups.append((name, indices, _tail(text, tail) if tail else text))
-    return groups
-
-
 def _tail(text: str, lines: int) -> str:
     cut = len(text)
     for _ in range(lines + 1):
@@ -46,43 +29,6 @@ def _tail(text: str, lines: int) -> str:
             return text
     skipped = text.count("\n", 0, cut + 1)
     return f"… {skipped} earlier lines …\n" + text[cut + 1:]
-
-
-def streams_text(
-    processes: Sequence[Any], selected: Sequence[int], collapsed: bool, tail: int | None = None
-) -> str:
-    parts = []
-    for name, indices, text in stream_groups(processes, selected, collapsed, tail):
-        parts.append(label(indices, "stderr" if name == "stderr" else ""))
-        parts.append(text.rstrip("\n"))
-    return "\n".join(parts)
-
-
-def streams_html(
-    processes: Sequence[Any], selected: Sequence[int], collapsed: bool, tail: int | None = None
-) -> str:
-    parts = []
-    for name, indices, text in stream_groups(processes, selected, collapsed, tail):
-        style = PRE_STYLE + (";" + STDERR_STYLE if name == "stderr" else "")
-        head = html.escape(label(indices, "stderr" if name == "stderr" else ""))
-        parts.append(
-            f'<div class="jc-stream jc-{name}"><span style="{LABEL_STYLE}">{head}</span>'
-            f'<pre style="{style}">{html.escape(ANSI.sub("", text.rstrip(chr(10))))}</pre></div>'
-        )
-    return "".join(parts)
-
-
-def display_groups(
-    processes: Sequence[Any], selected: Sequence[int], collapsed: bool
-) -> list[tuple[list[int], dict]]:
-    """Rich display outputs, position by position, collapsed across processes."""
-    groups: list[tuple[list[int], dict]] = []
-    depth = max((len(p.outputs) for p in processes), default=0)
-    for position in range(depth):
-        items = [(p.process_index, p.outputs[position]) for p in processes
-                 if p.process_index in selected and position < len(p.outputs)]
-        groups.extend(collapse(items, key=lambda o: bundle_key(o.get("data")), enabled=collapsed))
-    return groups
 
 
 def result_groups(
@@ -221,52 +167,71 @@ def error_report(
     return "; ".join(s.rstrip(".") for s in summary) or "the cell failed", lines
 
 
-def live_view(
-    result: Any, selected: Sequence[int], collapsed: bool, tail: int
-) -> tuple[str, str, bool]:
-    """(text, HTML, has output) of a running cell: a status line over the streams' tails."""
-    text = streams_text(result.processes, selected, collapsed, tail)
-    body = streams_html(result.processes, selected, collapsed, tail)
+def status_line(result: Any) -> str:
+    """A running cell's status: who runs, who ended, for how long; or why it was given up on."""
     status = status_text(result.processes, result.elapsed_so_far())
     if result.failure:
         restart = any(p.state in ("stuck", "died") for p in result.processes)
         status = " ".join(failure_lines(result)[:1]) + (" Restarting the cluster…" if restart
                                                          else "")
-    html_status = f"<div class='jc-status-line'>{html.escape(status)}</div>"
-    return f"{status}\n{text}", html_status + body, bool(text)
+    return status
 
 
 @dataclass(frozen=True)
 class Shown:
-    """One output of a finished cell: a label or value (text), an engine's display bundle, or a
+    """One output of a cell: a label or text (with its HTML), an engine's display bundle, or a
     sharding layout (drawn as one picture)."""
 
     text: str = ""
     bundle: dict[str, Any] | None = None
     metadata: dict[str, Any] | None = None
     sharding: dict[str, Any] | None = None
+    html: str = ""
 
 
-def final_outputs(
-    processes: Sequence[Any], selected: Sequence[int], collapsed: bool
+def label_shown(indices: Sequence[int], suffix: str = "") -> Shown:
+    """The bold grey label, the same above every kind of output."""
+    head = label(indices, suffix)
+    return Shown(head, html=f'<span style="{LABEL_STYLE}">{html.escape(head)}</span>')
+
+
+def stream_shown(indices: Sequence[int], name: str, text: str) -> Shown:
+    head = label(indices, "stderr" if name == "stderr" else "")
+    style = PRE_STYLE + (";" + STDERR_STYLE if name == "stderr" else "")
+    body = text.rstrip("\n")
+    return Shown(f"{head}\n{body}", html=(
+        f'<div class="jc-stream jc-{name}"><span style="{LABEL_STYLE}">{html.escape(head)}'
+        f'</span><pre style="{style}">{html.escape(ANSI.sub("", body))}</pre></div>'))
+
+
+def cell_outputs(
+    blocks: Sequence[Any], processes: Sequence[Any] | None, selected: Sequence[int],
+    collapsed: bool, tail: int | None = None,
 ) -> list[Shown]:
-    """The rich displays, then the values, each group labelled with its processes."""
+    """A cell's outputs in the order each process produced them (``live.blocks``), each group
+    labelled with its processes; then, once ``processes`` have ended, their values."""
     shown: list[Shown] = []
-    for indices, output in display_groups(processes, selected, collapsed):
-        data = output.get("data", {})
-        layout = data.get(SHARDING_MIME)
-        if layout is not None and len(indices) == len(selected):
-            # the same global picture from every process: one picture, no label
-            shown.append(Shown(sharding=layout))
+    for block in blocks:
+        if block.output is None:
+            text = _tail(block.text, tail) if tail else block.text
+            shown.append(stream_shown(block.indices, block.name, text))
             continue
-        shown.append(Shown(label(indices)))
+        data = block.output.data or {}
+        layout = data.get(SHARDING_MIME)
+        if layout is None or len(block.indices) != len(selected):
+            # the same global picture from every process is one picture, without a label
+            shown.append(label_shown(block.indices))
         if layout is not None:
             shown.append(Shown(sharding=layout))
         else:
-            shown.append(Shown(bundle=data, metadata=output.get("metadata")))
-    for indices, bundle in result_groups(processes, selected, collapsed):
+            shown.append(Shown(bundle=data, metadata=block.output.metadata))
+    for indices, bundle in result_groups(processes or (), selected, collapsed):
         if set(bundle) == {"text/plain"}:
-            shown.append(Shown(f"{label(indices)} {bundle['text/plain']}"))
+            head = label_shown(indices)
+            value = bundle["text/plain"]
+            shown.append(Shown(f"{head.text} {value}", html=(
+                f'<div class="jc-value">{head.html} <pre style="{PRE_STYLE};display:inline">'
+                f'{html.escape(ANSI.sub("", value))}</pre></div>')))
         else:
-            shown += [Shown(label(indices)), Shown(bundle=bundle)]
+            shown += [label_shown(indices), Shown(bundle=bundle)]
     return shown
