@@ -53,7 +53,8 @@ def initialize(
             len(engine_ids),
             index,
             options.timeout,
-            None if options.launcher == "local" else identities[eid]["address"],
+            # local: everything on loopback, gloo too (it would take the host name's address)
+            "127.0.0.1" if options.launcher == "local" else identities[eid]["address"],
             # --coordinator may name an address that is not process 0's own (NAT)
             options.coordinator is None,
             gpus[eid],

@@ -90,6 +90,7 @@ class JaxClusterMagics(ClusterMagicsBase):
             %jax_cluster setup --clear
             %jax_cluster stop
             %jax_cluster start --nodes 4 --launcher mpi
+            %jax_cluster start --nodes 8 --platform gpu --env XLA_PYTHON_CLIENT_PREALLOCATE=false
             %jax_cluster connect --cluster-id 1700000000-abcd
         """
         args = parse(self.jax_cluster, line)
@@ -119,6 +120,7 @@ class JaxClusterMagics(ClusterMagicsBase):
             launcher_args=unquote(args.launcher_args),
             ip=args.ip,
             coordinator=args.coordinator,
+            engine_env=dict(args.env or []),  # a name given twice: the last wins, as in a shell
         )
         self._run_with_progress("starting", cluster.start)
         self.cluster = cluster
@@ -291,7 +293,9 @@ class JaxClusterMagics(ClusterMagicsBase):
     def jax_devices(self, line: str) -> None:
         """Show the global device set: id, process, host, platform, kind, local id.
 
-        Without a running cluster, shows this notebook process's own devices and says so.
+        Without a running cluster, shows this notebook process's own devices if JAX already
+        created its backend here, and says so; it never creates one (on a GPU host that would
+        take the memory the engines need).
 
         Examples::
 
@@ -300,14 +304,9 @@ class JaxClusterMagics(ClusterMagicsBase):
         """
         args = parse(self.jax_devices, line)
         if self.cluster is None or not self.cluster.running:
-            import socket
+            from .queries import notebook_devices
 
-            import jax
-
-            from .layout import device_record
-
-            records = [device_record(d, socket.gethostname()) for d in jax.local_devices()]
-            note = "No cluster is running: these are this notebook process's own devices."
+            records, note = notebook_devices()
         else:
             records, note = self.cluster.devices(args.process), None
         show(render_devices_text(records, note), render_devices_html(records, note))

@@ -18,7 +18,7 @@ from IPython.core.magic_arguments import argument, parse_argstring
 
 from .errors import ConfigError, NoClusterError
 from .launchers import LAUNCHERS
-from .options import PLATFORMS
+from .options import ENV_NAME, PLATFORMS
 
 Decorator = Callable[[Any], Any]
 
@@ -85,6 +85,28 @@ def index(option: str, hint: str = "") -> Callable[[str], int]:
     return convert
 
 
+ENV_EXAMPLE = "--env XLA_PYTHON_CLIENT_PREALLOCATE=false"
+
+
+def env_assignment(value: str) -> tuple[str, str]:
+    """An ``argparse`` type: ``--env NAME=VALUE`` as (name, value); quotes around it dropped."""
+    text = unquote(value) or ""
+    if text == value and (text.count('"') % 2 or text.count("'") % 2):
+        # IPython splits at spaces outside quotes that enclose a whole argument
+        raise argparse.ArgumentTypeError(
+            f"--env {value} has an unmatched quote: a value with spaces was split at them. "
+            'Quote the whole assignment, e.g. --env "XLA_FLAGS=--xla_dump_to=/tmp/dump '
+            '--xla_dump_hlo_as_text".'
+        )
+    name, equals, _ = text.partition("=")
+    if not equals or not ENV_NAME.match(name):
+        raise argparse.ArgumentTypeError(
+            f"--env takes NAME=VALUE, with a NAME of letters, digits and underscores that does "
+            f"not start with a digit, not {value!r}. Write it as, e.g., {ENV_EXAMPLE}."
+        )
+    return name, text[len(name) + 1:]
+
+
 def unquote(value: str | None) -> str | None:
     """IPython's argument splitting keeps the quotes around a quoted value: drop them."""
     if value and len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
@@ -129,9 +151,9 @@ def name_argument(help: str) -> Decorator:
 CLUSTER_OPTIONS: list[tuple[tuple[str, ...], tuple[str, ...], dict[str, Any]]] = [
     (("--nodes", "-n"), ("start", "connect"), dict(
         type=whole("--nodes", 4), metavar="N",
-        help="number of JAX processes (engines). Default 4, or --hosts × --engines-per-host "
-        "(setting: JaxClusterMagics.nodes); connect: wait for this many engines (default: "
-        "those registered).",
+        help="number of JAX processes (engines), not hosts; with --launcher slurm, Slurm tasks. "
+        "Default 4, or --hosts × --engines-per-host (setting: JaxClusterMagics.nodes); "
+        "connect: wait for this many engines (default: those registered).",
     )),
     (("--devices-per-node",), ("start",), dict(
         type=whole("--devices-per-node", 2), metavar="K",
@@ -177,6 +199,12 @@ CLUSTER_OPTIONS: list[tuple[tuple[str, ...], tuple[str, ...], dict[str, Any]]] =
         metavar="HOST:PORT",
         help="HOST:PORT of the jax.distributed coordinator. Default: process 0's address that "
         "the other processes can reach, with a free port.",
+    )),
+    (("--env",), ("start",), dict(
+        action="append", type=env_assignment, metavar="NAME=VALUE",
+        help="an environment variable for every engine, set before JAX starts there "
+        "(XLA_FLAGS, NCCL_*, XLA_PYTHON_CLIENT_PREALLOCATE, ...); repeat for more. Quote a "
+        'value with spaces whole: --env "XLA_FLAGS=--a --b". Kept by restart.',
     )),
     (("--profile",), ("connect",), dict(
         metavar="P", help="connect: the ipyparallel profile to attach to.",

@@ -6,6 +6,7 @@ A bad option is rejected before anything starts, with a message naming the fix.
 from __future__ import annotations
 
 import os
+import re
 import resource
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
@@ -28,6 +29,8 @@ MIB_PER_PROCESS = 256
 MIB_PER_CLUSTER = 256
 # threads count against RLIMIT_NPROC and pid_max: 33 in the engine (XLA's pools), 3 in the nanny
 TASKS_PER_PROCESS = 40
+# a POSIX environment variable name, as shells accept it (``--env NAME=VALUE``, ``engine_env``)
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 # the launcher of a cluster attached by ``connect``: its engines were started by someone else
 ATTACHED = "attached"
 
@@ -130,6 +133,7 @@ class ClusterOptions:
             split_host_port(coordinator, "--coordinator")
         if ip is not None:
             check_local_ip(ip)
+        check_engine_env(engine_env)
         return cls(
             nodes=checked_nodes,
             devices_per_node=devices_per_node,
@@ -178,6 +182,28 @@ class ClusterOptions:
             timeout=self.timeout,
             scratch_dir=stack_dir,
         )
+
+
+def check_engine_env(engine_env: Any) -> None:
+    """A ``ConfigError`` unless ``engine_env`` maps variable names to strings."""
+    if engine_env is None:
+        return
+    if not isinstance(engine_env, dict):
+        raise ConfigError(
+            f"engine_env must be a dict of variable names to strings, not "
+            f"{type(engine_env).__name__} (e.g. engine_env={{'XLA_FLAGS': '--xla_dump_to=/tmp'}})."
+        )
+    for name, value in engine_env.items():
+        if not isinstance(name, str) or not ENV_NAME.match(name):
+            raise ConfigError(
+                f"engine_env: {name!r} is not an environment variable name: use letters, digits "
+                "and underscores, not starting with a digit (e.g. XLA_FLAGS)."
+            )
+        if not isinstance(value, str):
+            raise ConfigError(
+                f"engine_env[{name!r}] is {type(value).__name__} {value!r}, and the environment "
+                f"holds strings only: pass {str(value)!r}."
+            )
 
 
 def check_local_capacity(nodes: int) -> None:

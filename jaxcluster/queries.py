@@ -2,12 +2,41 @@
 
 from __future__ import annotations
 
+import socket
+import sys
+
 import ipyparallel as ipp
 
 from .contracts import ProcessInfo
 from .engine import process as _engine
 from .errors import ConfigError, JaxClusterError, engine_error_message
 from .gather import gather
+
+NO_BACKEND_NOTE = (
+    "No cluster is running, and JAX has no backend in this notebook's process: %jax_devices "
+    "does not create one here, because on a GPU or TPU host it would take the memory the "
+    "engines need. Start a cluster (%jax_cluster start) to see its devices."
+)
+OWN_DEVICES_NOTE = "No cluster is running: these are this notebook process's own devices."
+
+
+def notebook_devices() -> tuple[list[dict], str]:
+    """This process's own devices, for ``%jax_devices`` without a cluster, and a note.
+
+    Only backends that already exist are listed: creating one would grab a GPU's memory
+    (JAX preallocates most of it) or lock a TPU here, away from the engines.
+    """
+    if "jax" not in sys.modules:  # not imported: certainly no backend
+        return [], NO_BACKEND_NOTE
+    import jax
+    from jax._src import xla_bridge
+
+    if not xla_bridge.backends_are_initialized():
+        return [], NO_BACKEND_NOTE
+    from .layout import device_record
+
+    host = socket.gethostname()
+    return [device_record(d, host) for d in jax.local_devices()], OWN_DEVICES_NOTE
 
 
 def devices(

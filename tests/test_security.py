@@ -1,10 +1,12 @@
-"""What guards a cluster: signed messages, private connection files, a loopback-only controller."""
+"""What guards a cluster: signed messages, private connection files, and the addresses every
+listening port is on, as docs/security.md states them: for a local cluster, and for MPI on this
+machine with and without ``--ip 127.0.0.1``."""
 
 from __future__ import annotations
 
-import ipaddress
 import json
 import os
+import shutil
 import stat
 import time
 
@@ -46,28 +48,118 @@ def test_connection_files_are_readable_by_their_owner_only(cluster):
     assert _mode(os.path.dirname(files["client"])) == 0o700
 
 
-def test_local_controller_listens_on_loopback_only(cluster):
-    controller = psutil.Process(cluster.ipp_cluster.controller.process.pid)
-    listening = {
-        c.laddr.ip for c in controller.net_connections(kind="tcp") if c.status == "LISTEN"
+def _listening(pid: int) -> set[tuple[str, int]]:
+    """(address, port) of every TCP socket process ``pid`` listens on (IPv4-mapped as IPv4)."""
+    return {
+        (c.laddr.ip.removeprefix("::ffff:"), c.laddr.port)
+        for c in psutil.Process(pid).net_connections(kind="tcp")
+        if c.status == "LISTEN"
     }
-    assert listening == {"127.0.0.1"}
 
 
-def test_engines_listen_on_loopback_only(cluster):
-    # the coordinator (process 0), gloo and JAX's transfer server: unauthenticated, so local
-    for proc in cluster.processes:
-        listening = {
-            ipaddress.ip_address(c.laddr.ip.removeprefix("::ffff:"))
-            for c in psutil.Process(proc.pid).net_connections(kind="tcp")
-            if c.status == "LISTEN"
-        }
-        assert listening and all(address.is_loopback for address in listening)
+def _controller_listening(cluster) -> set[str]:
+    """The addresses of the controller's process and its schedulers."""
+    controller = psutil.Process(cluster.ipp_cluster.controller.process.pid)
+    pids = [controller.pid, *(p.pid for p in controller.children(recursive=True))]
+    return {address for pid in pids for address, _ in _listening(pid)}
+
+
+def _engine_sockets(cluster) -> dict[str, set[str]]:
+    """The addresses of the engines' listening ports, by what they are: the coordinator (on
+    process 0), ipyparallel's nanny channel (the engine itself is connected to it), and gloo's
+    (the others), once a collective has run."""
+    cluster.run(
+        "import jax, jax.numpy as jnp\n"
+        "from jax.experimental import multihost_utils\n"
+        "multihost_utils.process_allgather(jnp.ones(1))"
+    ).check()
     port = int(cluster.coordinator.rsplit(":", 1)[1])
-    coordinator = psutil.Process(cluster.processes[0].pid).net_connections(kind="tcp")
-    assert [c.laddr.ip for c in coordinator if c.laddr.port == port and c.status == "LISTEN"] in (
-        [["127.0.0.1"], ["::ffff:127.0.0.1"]]
-    )
+    found: dict[str, set[str]] = {"coordinator": set(), "nanny": set(), "gloo": set()}
+    for proc in cluster.processes:
+        own = {
+            (c.raddr.ip.removeprefix("::ffff:"), c.raddr.port)
+            for c in psutil.Process(proc.pid).net_connections(kind="tcp")
+            if c.status == "ESTABLISHED" and c.raddr
+        }
+        for address, listening_port in _listening(proc.pid):
+            if proc.process_index == 0 and listening_port == port:
+                found["coordinator"].add(address)
+            elif (address, listening_port) in own:
+                found["nanny"].add(address)
+            else:
+                found["gloo"].add(address)
+    return found
+
+
+def _transfer_addresses(cluster) -> set[str]:
+    """Where JAX's cross-process transfer server listens (it opens its port on first use)."""
+    result = cluster.run(
+        "import jax\nprint(jax.config.values['jax_cross_host_transfer_socket_address'])"
+    ).check()
+    return {p.stdout.strip().rsplit(":", 1)[0] for p in result.processes}
+
+
+def test_local_controller_listens_on_loopback_only(cluster):
+    assert _controller_listening(cluster) == {"127.0.0.1"}
+
+
+def test_local_engines_coordinator_nanny_and_transfers_are_on_loopback(cluster):
+    sockets = _engine_sockets(cluster)
+    assert sockets["coordinator"] == {"127.0.0.1"}
+    assert _transfer_addresses(cluster) == {"127.0.0.1"}
+    assert sockets["nanny"] == {"127.0.0.1"}
+
+
+def test_local_gloo_listens_on_loopback(cluster):
+    # not where the host name resolves, which in many containers is a network address
+    assert _engine_sockets(cluster)["gloo"] == {"127.0.0.1"}
+
+
+needs_mpiexec = pytest.mark.skipif(
+    shutil.which("mpiexec") is None,
+    reason="mpiexec is not installed; `make test` installs Open MPI where it runs as root "
+    "(scripts/install-system-deps.sh)",
+)
+
+
+@pytest.fixture(scope="module", params=[None, "127.0.0.1"], ids=["mpi", "mpi-ip-loopback"])
+def mpi_cluster(request):
+    if shutil.which("mpiexec") is None:
+        pytest.skip("mpiexec is not installed")
+    c = JaxCluster(nodes=2, devices_per_node=1, launcher="mpi", ip=request.param, timeout=120)
+    c.start()
+    try:
+        yield c
+    finally:
+        cluster_id = c.cluster_id
+        c.stop()
+        for proc in cluster_processes(cluster_id):
+            proc.kill()
+
+
+@needs_mpiexec
+def test_mpi_on_one_machine_listens_on_the_default_route_unless_ip_says(mpi_cluster):
+    from jaxcluster.engine.process import reachable_address
+
+    # default: the address of the interface with the default route, where other hosts' ranks
+    # would reach it; --ip 127.0.0.1 keeps every port of the cluster on loopback
+    wanted = mpi_cluster.options.ip or reachable_address()
+    sockets = _engine_sockets(mpi_cluster)
+    # ipyparallel's broadcast scheduler also talks to itself on 127.0.0.1
+    assert _controller_listening(mpi_cluster) - {"127.0.0.1"} <= {wanted}
+    assert wanted in _controller_listening(mpi_cluster)
+    assert sockets["coordinator"] == {wanted}
+    assert sockets["gloo"] == {wanted}
+    assert _transfer_addresses(mpi_cluster) == {wanted}
+    assert sockets["nanny"] == {"127.0.0.1"}
+
+
+@needs_mpiexec
+def test_open_mpis_own_daemon_listens_on_every_interface(mpi_cluster):
+    # not ours to choose: docs/security.md says to firewall it
+    engine = psutil.Process(mpi_cluster.processes[0].pid)
+    mpiexec = next(p for p in engine.parents() if p.name() == "mpiexec")
+    assert {"0.0.0.0", "::"} & {address for address, _ in _listening(mpiexec.pid)}
 
 
 def _ask(sock: zmq.Socket, sender: Session, reader: Session, msg_type: str, content: dict):
@@ -105,3 +197,21 @@ def test_a_message_signed_with_a_wrong_key_is_refused(cluster):
     time.sleep(1)  # a registration would show up at the next heartbeat
     assert set(cluster.client.ids) == engines
     assert cluster.view.apply_sync(os.getpid) == [p.pid for p in cluster.processes]
+
+
+def test_a_coordinator_named_by_hand_listens_on_every_interface():
+    # --coordinator may name an address that is not process 0's own (NAT), so JAX's default
+    # bind stays: docs/security.md says to firewall the port
+    from jaxcluster.engine.process import claim_port
+
+    port = claim_port()["port"]
+    c = JaxCluster(nodes=1, devices_per_node=1, coordinator=f"127.0.0.1:{port}", timeout=120)
+    c.start()
+    try:
+        bound = {a for a, p in _listening(c.processes[0].pid) if p == port}
+        assert bound and all(a in ("::", "0.0.0.0") for a in bound), bound
+    finally:
+        cluster_id = c.cluster_id
+        c.stop()
+        for proc in cluster_processes(cluster_id):
+            proc.kill()
