@@ -225,8 +225,10 @@ def _raise_exited(launched: Launched, options: ClusterOptions) -> None:
     if not exited:
         return  # ipyparallel noticed the end and records it in a moment; the loop asks again
     hosts = sorted({engine_sets.launch_host(data) for data, _ in exited} - {""})
+    refusal = engine_sets.open_mpi_refusal(cluster)  # the cause and its fix lead, when known
     raise JaxClusterError(
-        f"{len(exited)} engine(s) exited before registering with the controller"
+        (f"{refusal}\n" if refusal else "")
+        + f"{len(exited)} engine(s) exited before registering with the controller"
         f"{' on ' + ', '.join(hosts) if hosts else ''}.{reach_hint(launched, options)} "
         "Their output:\n" + "\n".join(engine_sets.exited_engine_output(cluster))
     )

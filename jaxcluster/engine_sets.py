@@ -89,6 +89,18 @@ def exited_engine_output(cluster: ipp.Cluster | None) -> list[str]:
     return lines
 
 
+def open_mpi_refusal(cluster: ipp.Cluster | None) -> str:
+    """Why Open MPI refused to start the engines, with the option that fixes it, in one
+    paragraph; "" when no ended mpiexec explained itself."""
+    for data, output in exited_engines(cluster):
+        if data.get("command") == "mpiexec":
+            reasons, _ = open_mpi_reasons(output)
+            if reasons:
+                text = " ".join(r.strip().removeprefix("Open MPI: ") for r in reasons)
+                return f"Open MPI refused to start the engines: {text}"
+    return ""
+
+
 def open_mpi_reasons(output: str) -> tuple[list[str], str]:
     """Open MPI's account of why it refused, and the output outside its help texts.
 

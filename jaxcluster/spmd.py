@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import hang
+from . import global_values, hang
 from .contracts import ClusterHandle
 from .errors import UNKNOWN_ERROR, SPMDError, remote_error
 from .live import Relay
@@ -62,6 +62,7 @@ class SPMDResult:
     restart_reason: str = ""  # why a restart was needed
     replay: Any = None  # recovery.Replay of the setup cells after the restart
     live: Relay | None = None  # every process's outputs, message by message, as they came
+    values: Any = None  # global_values.Resolution: global arrays printed, and what they cost
 
     @property
     def ok(self) -> bool:
@@ -123,6 +124,8 @@ def run(
     except KeyboardInterrupt:
         watcher.stop_running("interrupt")
     result.elapsed = time.monotonic() - began
+    idle = not any(p.state in ("running", "stuck", "died") for p in result.processes)
+    result.values = global_values.resolve(view if idle else None, result)
     if result.failure and any(p.state in ("stuck", "died") for p in result.processes):
         if on_update is not None:
             on_update(result)  # the report is shown now, not after the restart

@@ -40,7 +40,7 @@ def test_docs_build_in_strict_mode(site):
 
 
 def test_the_site_has_every_tutorial_with_its_saved_outputs(site):
-    assert len(NOTEBOOKS) == 5
+    assert len(NOTEBOOKS) == 6
     for name in NOTEBOOKS:
         page = (site / "notebooks" / name / "index.html").read_text()
         assert "%jax_cluster" in page, name  # the cells' source

@@ -109,6 +109,9 @@ def test_mpiexec_that_refuses_says_why_first_and_the_flag_that_fixes_it():
     cluster = mpi_cluster(launcher_args="--nooversubscribe", nodes=os.cpu_count() + 2)
     with pytest.raises(JaxClusterError, match="exited before registering") as failure:
         cluster.start()
+    first = str(failure.value).splitlines()[0]
+    assert first.startswith("Open MPI refused to start the engines: There are not enough slots")
+    assert "--oversubscribe option" in first
     output = str(failure.value).split("---", 2)[2].splitlines()
     assert output[1].startswith("Open MPI: There are not enough slots available")
     assert any("--oversubscribe option" in line for line in output[2:4])

@@ -20,6 +20,7 @@ import hashlib
 import json
 import os
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 from ..output import format_ranges
@@ -34,6 +35,8 @@ _programs: weakref.WeakKeyDictionary[Any, tuple[str, str, tuple[int, ...], int] 
     weakref.WeakKeyDictionary()
 )
 _state: dict[str, Any] = {"installed": False, "fd": None, "cell": 0}
+# called with (program key, outputs) after every multi-process program (``values`` numbers them)
+output_observers: list[Callable[[str, Any], None]] = []
 
 
 def record_path(stack_file: str) -> str:
@@ -70,11 +73,17 @@ def install(stack_file: str | None = None) -> bool:
         return data
 
     def counted_call(self: Any, *args: Any) -> Any:
+        program = None
         with contextlib.suppress(Exception):  # see above
             program = _program(self)
             if program is not None:
                 _count(program)
-        return original_call(self, *args)
+        outputs = original_call(self, *args)
+        if program is not None:
+            for observe in output_observers:
+                with contextlib.suppress(Exception):
+                    observe(program[0], outputs)
+        return outputs
 
     if stack_file:
         path = record_path(stack_file)

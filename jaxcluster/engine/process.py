@@ -233,13 +233,14 @@ def jax_state() -> dict | None:
 
 
 def _install_hooks() -> None:
-    """The sharding display, the notebook's cell numbers, and the dispatch record that tells
-    a hang from slow work."""
-    from . import cells, dispatch
+    """The sharding display, the notebook's cell numbers, global arrays' values in printouts,
+    and the dispatch record that tells a hang from slow work."""
+    from . import cells, dispatch, values
     from .sharding import install as install_sharding_display
 
     install_sharding_display()
     cells.install()
+    values.install()
     dispatch.install(os.environ.get("JAXCLUSTER_STACK_FILE"))
     _absorb_scripts_initialize()
 

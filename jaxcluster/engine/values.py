@@ -1,0 +1,273 @@
+"""Global values on the engines: printing a ``jax.Array`` that spans other processes.
+
+JAX prints such an array as ``Array(shape=(8,), dtype=float32)``: no process holds all of it,
+and gathering it would be a collective, which deadlocks when only some processes print
+(``if jax.process_index() == 0: print(x)``). Instead, ``repr``/``str``/``format`` of such an
+array leave a placeholder naming it by a key that is the same on every process, and after the
+cell the notebook asks every process for the parts of its shards that the printout shows (the
+corners, when NumPy summarizes: kilobytes for any size), assembles them and puts the text in
+the placeholder's place (``jaxcluster.global_values``).
+
+The key: a global array can only be made by all its processes together, so the n-th array of
+one layout (shape, dtype, devices and their indices) made in a cell is the same array on every
+process. Arrays are numbered as multi-process programs return them (``dispatch``) and as
+``jax.device_put`` and ``jax.make_array_from_*`` make them. Processes that print record their
+own corners at once (the array may be gone at the cell's end); the others answer from the
+arrays still alive then.
+
+Value access that needs numbers a process does not hold (``float(x)``, ``np.asarray(x)``,
+iteration) raises an error naming the processes that hold them and the ways out.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+from ..output import process_label
+
+OPEN, CLOSE = "\u27ea", "\u27eb"  # ⟪ ⟫: what no printout of numbers contains
+TOKEN_PREFIX = OPEN + "jax.Array "
+MADE_BY = ("device_put", "make_array_from_callback", "make_array_from_single_device_arrays",
+           "make_array_from_process_local_data")
+PRINT_OPTIONS = ("precision", "threshold", "edgeitems", "linewidth", "suppress", "nanstr",
+                 "infstr", "sign", "floatmode", "legacy")
+
+_keys: dict[int, str] = {}  # id(array) -> key
+_arrays: weakref.WeakValueDictionary[str, Any] = weakref.WeakValueDictionary()
+_made: dict[str, int] = {}  # layout -> arrays of it made this cell
+_layouts: dict[tuple[str, int], str] = {}  # (program, output index) -> layout
+_printed: dict[str, dict[str, Any]] = {}  # key -> what this process saw when it printed it
+_state: dict[str, Any] = {"installed": False, "cell": 0}
+
+
+def install() -> bool:
+    """Patch ``jax.Array``'s printing and value access, and number global arrays; True when
+    installed (where JAX's internals differ, nothing is)."""
+    if _state["installed"]:
+        return True
+    try:
+        import jax
+        from jax._src import array
+    except ImportError:
+        return False
+    impl = array.ArrayImpl
+    originals = {name: getattr(impl, name) for name in ("__repr__", "__str__", "__format__",
+                                                        "__iter__")}
+    value_getter = impl._value.fget
+
+    def patched_repr(self: Any) -> str:
+        return _placeholder(self, "repr") or originals["__repr__"](self)
+
+    def patched_str(self: Any) -> str:
+        return _placeholder(self, "str") or originals["__str__"](self)
+
+    def patched_format(self: Any, spec: str) -> str:
+        mode = "str" if not spec else "format:" + spec.encode().hex() if self.ndim == 0 else ""
+        return (mode and _placeholder(self, mode)) or originals["__format__"](self, spec)
+
+    def patched_iter(self: Any) -> Any:
+        if self.ndim and _elsewhere(self):
+            raise RuntimeError(_access_error(self))
+        return originals["__iter__"](self)
+
+    def patched_value(self: Any) -> Any:
+        try:
+            return value_getter(self)
+        except RuntimeError as e:
+            if "spans non-addressable" not in str(e):
+                raise
+            raise RuntimeError(_access_error(self)) from None
+
+    impl.__repr__ = patched_repr  # type: ignore[method-assign]
+    impl.__str__ = patched_str  # type: ignore[method-assign]
+    impl.__format__ = patched_format  # type: ignore[method-assign]
+    impl.__iter__ = patched_iter  # type: ignore[method-assign]
+    impl._value = property(patched_value)  # type: ignore[method-assign]
+    for name in MADE_BY:
+        if hasattr(jax, name):
+            setattr(jax, name, _numbering(getattr(jax, name)))
+    from . import dispatch
+
+    dispatch.output_observers.append(_note_program_outputs)
+    _state["installed"] = True
+    _on_every_cell()
+    return True
+
+
+def new_cell(*_: Any) -> None:
+    """A new cell: numbering starts again, and what was printed is forgotten."""
+    _state["cell"] += 1
+    _made.clear()
+    _printed.clear()
+
+
+def _on_every_cell() -> None:
+    with contextlib.suppress(ImportError):
+        from IPython import get_ipython
+
+        shell = get_ipython()
+        if shell is not None:
+            shell.events.register("pre_run_cell", new_cell)
+
+
+# -- numbering -------------------------------------------------------------------------------
+
+def _numbering(make: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(make)
+    def numbered(*args: Any, **kwargs: Any) -> Any:
+        made = make(*args, **kwargs)
+        with contextlib.suppress(Exception):  # numbering never breaks JAX's own call
+            import jax
+
+            # replicated ones too: a process without devices of the mesh cannot show those
+            for leaf in jax.tree_util.tree_leaves(made):
+                if isinstance(leaf, jax.Array):
+                    _register(leaf, _layout_of(leaf))
+        return made
+
+    return numbered
+
+
+def _note_program_outputs(program: str, outputs: Any) -> None:
+    """Called by ``dispatch`` with what a multi-process program returned."""
+    import jax
+
+    for index, leaf in enumerate(outputs):
+        if not isinstance(leaf, jax.Array) or leaf.is_fully_replicated:
+            continue
+        layout = _layouts.get((program, index))
+        if layout is None:  # the same for every call of the program: computed once
+            layout = _layouts[(program, index)] = _layout_of(leaf)
+        _register(leaf, layout)
+
+
+def _layout_of(arr: Any) -> str:
+    indices = sorted((d.id, str(i)) for d, i in arr.sharding.devices_indices_map(arr.shape).items())
+    text = repr((arr.shape, str(arr.dtype), indices))
+    return hashlib.sha1(text.encode(), usedforsecurity=False).hexdigest()[:12]
+
+
+def _register(arr: Any, layout: str) -> None:
+    _made[layout] = count = _made.get(layout, 0) + 1
+    key = f"{layout}.{_state['cell']}.{count}"
+    ident = id(arr)
+    _keys[ident] = key
+    _arrays[key] = arr
+    weakref.finalize(arr, _keys.pop, ident, None)
+
+
+# -- printing --------------------------------------------------------------------------------
+
+def _elsewhere(arr: Any) -> bool:
+    """Whether JAX cannot show ``arr``'s numbers here: some of them are on other processes."""
+    try:
+        sharding = arr.sharding
+        return not (sharding.is_fully_addressable
+                    or (sharding.is_fully_replicated and sharding.has_addressable_devices))
+    except Exception:  # deleted, or not a plain array: JAX's own text
+        return False
+
+
+def _placeholder(arr: Any, mode: str) -> str | None:
+    """The placeholder for ``arr`` printed as ``mode`` (repr, str, format:<hex spec>), or None
+    where JAX's own text is what to show."""
+    if not _elsewhere(arr) or arr.size == 0:
+        return None
+    key = _keys.get(id(arr))
+    if key is None:
+        return None
+    with contextlib.suppress(Exception):  # the notebook then shows JAX's own text
+        if key not in _printed:
+            _printed[key] = describe(arr)
+    shape = f"Array(shape={arr.shape}, dtype={arr.dtype.name})"
+    return f"{TOKEN_PREFIX}{key} {mode}|{shape}{CLOSE}"
+
+
+def describe(arr: Any, options: dict[str, Any] | None = None) -> dict[str, Any]:
+    """What the notebook needs to print ``arr``: its shape, dtype, the print options, and
+    this process's part of the shown elements."""
+    import numpy as np
+
+    options = options or {k: v for k, v in np.get_printoptions().items() if k in PRINT_OPTIONS}
+    aval = getattr(arr, "aval", None)
+    return {
+        "shape": tuple(arr.shape), "dtype": arr.dtype.name,
+        "weak_type": bool(getattr(aval, "weak_type", False)),
+        "options": options, "pieces": pieces(arr, shown_indices(arr.shape, arr.size, options)),
+        "owners": sorted({d.process_index for d in arr.sharding.device_set}),
+    }
+
+
+def shown_indices(shape: tuple[int, ...], size: int, options: dict[str, Any]) -> list[list[int]]:
+    """Per axis, the indices NumPy shows: all, or the first and last ``edgeitems`` when it
+    summarizes (more than ``threshold`` elements)."""
+    edge = int(options.get("edgeitems", 3))
+    summarize = size > int(options.get("threshold", 1000))
+    return [list(range(n)) if not summarize or n <= 2 * edge
+            else [*range(edge), *range(n - edge, n)] for n in shape]
+
+
+def pieces(arr: Any, shown: list[list[int]]) -> list[tuple[list[list[int]], Any]]:
+    """(global indices per axis, values) of the shown elements in this process's shards."""
+    import numpy as np
+
+    found = []
+    for shard in arr.addressable_shards:
+        if shard.replica_id != 0:
+            continue  # another copy of the same numbers
+        local: list[list[int]] = []
+        where: list[list[int]] = []
+        for axis, wanted in enumerate(shown):
+            start, stop, _ = shard.index[axis].indices(arr.shape[axis])
+            hits = [i for i in wanted if start <= i < stop]
+            where.append(hits)
+            local.append([i - start for i in hits])
+        if not all(where):
+            continue
+        values = _read(shard.data, local)
+        found.append((where, np.ascontiguousarray(values)))
+    return found
+
+
+def _read(data: Any, local: list[list[int]]) -> Any:
+    """The elements at ``local`` indices of one shard, copying only those off an accelerator."""
+    import numpy as np
+
+    if data.devices().pop().platform == "cpu":
+        return np.asarray(data)[np.ix_(*local)]  # the host's own memory: no copy of the shard
+    blocks = data[tuple(slice(ix[0], ix[-1] + 1) for ix in local)]  # one box around the corners
+    box = np.asarray(blocks)
+    return box[np.ix_(*[[i - ix[0] for i in ix] for ix in local])]
+
+
+def values_for(keys: list[str]) -> dict[str, dict[str, Any]]:
+    """Asked by the notebook after a cell: for each key this process printed or still holds,
+    what ``describe`` says (the printing process's options win where it printed)."""
+    answer: dict[str, dict[str, Any]] = {}
+    for key in keys:
+        with contextlib.suppress(Exception):
+            seen = _printed.get(key)
+            arr = _arrays.get(key)
+            if seen is not None:
+                answer[key] = dict(seen, printed=True)
+            elif arr is not None and not arr.is_deleted():
+                answer[key] = dict(describe(arr), printed=False)
+    return answer
+
+
+def _access_error(arr: Any) -> str:
+    # the same words on every process, so that %%spmd shows the error once
+    owners = sorted({d.process_index for d in arr.sharding.device_set})
+    return (
+        f"This jax.Array (shape {tuple(arr.shape)}, {arr.dtype.name}) is spread over "
+        f"{process_label(owners)}, and this process does not hold all of it, so its numbers "
+        "cannot be read here (float(), int(), np.asarray(), iteration, .tolist()). To see it, "
+        "print it (the notebook shows the global value), or bring it into the notebook with "
+        "`%spmd_pull NAME`; to have it on every process, call "
+        "`jax.experimental.multihost_utils.process_allgather(x)` on all of them (a collective)."
+    )
