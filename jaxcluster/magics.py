@@ -179,14 +179,18 @@ class JaxClusterMagics(ClusterMagicsBase):
         statuses = self.require_cluster().status()
         show(status_text(statuses), status_html(statuses))
 
-    def _run_with_progress(self, title: str, action: Callable[..., Any]) -> None:
+    def _run_with_progress(
+        self, title: str, action: Callable[..., Any], quiet: bool = False
+    ) -> None:
+        """``action`` with a progress bar that ends as the summary line (``quiet``: that
+        ends without one)."""
         progress = StartProgress(title)
         try:
             cluster = action(progress=progress)
         except BaseException:
             progress.finish(None)
             raise
-        progress.finish(cluster.summary())
+        progress.finish(None if quiet else cluster.summary())
 
     @magic_arguments()
     @process_option(
@@ -268,8 +272,23 @@ class JaxClusterMagics(ClusterMagicsBase):
             return list(planned["items"])
 
         def on_update(result: Any) -> None:
+            planned["result"] = result
             if live.streaming:
                 live.update(cell_render.status_line(result), outputs(result))
+
+        def restart() -> None:
+            # the restart's progress rides in the cell's status line, and its summary in the
+            # error report: the report, not a "ready" line, is what the cell ends with
+            if not live.streaming:
+                self._run_with_progress("restarting the cluster", cluster.restart, quiet=True)
+                return
+            failed = cell_render.status_line(planned["result"]).split(" Restarting")[0]
+
+            def progress(stage: str, done: int, total: int) -> None:
+                live.update(f"{failed} Restarting the cluster: {stage} {done}/{total}",
+                            outputs(planned["result"]))
+
+            cluster.restart(progress=progress)
 
         result = cluster.run(
             cell,
@@ -277,8 +296,7 @@ class JaxClusterMagics(ClusterMagicsBase):
             setup=args.setup,
             hang_after=args.hang_after if args.hang_after is not None else self.hang_after,
             on_update=on_update,
-            # the progress bar ends as the summary line, as for %jax_cluster restart
-            on_restart=lambda: self._run_with_progress("restarting the cluster", cluster.restart),
+            on_restart=restart,
             # the shell counts the running cell already: it is the one before
             cell_number=getattr(self.shell, "execution_count", 1) - 1,
         )

@@ -60,6 +60,7 @@ class SPMDResult:
     restarted: bool = False
     restart_error: str | None = None
     restart_reason: str = ""  # why a restart was needed
+    restart_summary: str = ""  # the restarted cluster: "4 processes × … ready in 5.2 s"
     replay: Any = None  # recovery.Replay of the setup cells after the restart
     live: Relay | None = None  # every process's outputs, message by message, as they came
     values: Any = None  # global_values.Resolution: global arrays printed, and what they cost
@@ -133,6 +134,8 @@ def run(
             try:
                 (on_restart or cluster.restart)()
                 result.restarted = True
+                summary = getattr(cluster, "summary", None)
+                result.restart_summary = summary() if callable(summary) else ""
                 result.replay = getattr(cluster, "last_replay", None)
             except Exception as e:  # reported with the cell, never raised over it
                 result.restart_error = str(e)

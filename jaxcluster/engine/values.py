@@ -61,21 +61,26 @@ def install() -> bool:
     value_getter = impl._value.fget
 
     def patched_repr(self: Any) -> str:
+        __tracebackhide__ = True  # IPython leaves these frames out of the user's tracebacks
         return _placeholder(self, "repr") or originals["__repr__"](self)
 
     def patched_str(self: Any) -> str:
+        __tracebackhide__ = True
         return _placeholder(self, "str") or originals["__str__"](self)
 
     def patched_format(self: Any, spec: str) -> str:
+        __tracebackhide__ = True
         mode = "str" if not spec else "format:" + spec.encode().hex() if self.ndim == 0 else ""
         return (mode and _placeholder(self, mode)) or originals["__format__"](self, spec)
 
     def patched_iter(self: Any) -> Any:
+        __tracebackhide__ = True
         if self.ndim and _elsewhere(self):
             raise RuntimeError(_access_error(self))
         return originals["__iter__"](self)
 
     def patched_value(self: Any) -> Any:
+        __tracebackhide__ = True
         try:
             return value_getter(self)
         except RuntimeError as e:

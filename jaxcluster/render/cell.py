@@ -101,8 +101,9 @@ def failure_lines(result: Any) -> list[str]:
             lines.extend("      " + line for line in proc.stack.splitlines())
     if result.restarted:
         why = f" because {result.restart_reason}" if result.restart_reason else ""
+        ready = f" ({result.restart_summary})" if getattr(result, "restart_summary", "") else ""
         lines.append(
-            f"The cluster was restarted{why}. Engines and jax.distributed are fresh, and "
+            f"The cluster was restarted{why}{ready}. Engines and jax.distributed are fresh, and "
             "every process's state (variables, arrays, compiled functions) was lost."
         )
         lines.extend(replay_lines(result.replay))
