@@ -278,6 +278,19 @@ def test_plain_cells_run_on_every_process(kernel):
 
 
 @pytest.mark.cluster
+def test_plain_cells_show_output_while_they_run(kernel):
+    from tests.test_notebook_display import execute
+
+    code = "import time\nprint('first', flush=True)\ntime.sleep(2)\nprint('second')"
+    messages, reply = execute(kernel.kc, code)
+    assert reply["content"]["status"] == "ok"
+    end = messages[-1][0]
+    first = [t for t, m in messages if m["msg_type"] in ("display_data", "update_display_data")
+             and "first" in m["content"]["data"].get("text/plain", "")]
+    assert first and first[0] < end - 1.0, "the output came only when the cell ended"
+
+
+@pytest.mark.cluster
 def test_local_cells_and_line_magics_run_in_the_kernel(kernel):
     reply, outputs = kernel.run("%%local\nimport os\nos.getpid()")
     assert reply["status"] == "ok"
