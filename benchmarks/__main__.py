@@ -1,4 +1,5 @@
-"""``python -m benchmarks [startup] [spmd] [data] [--repeat N] [--pairs N] [--quick]``."""
+"""``python -m benchmarks [startup] [spmd] [data] [scale] [--repeat N] [--pairs N] [--sizes 1,4,16]
+[--quick]``."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import traceback
 from . import _common
 from ._common import Settings, Table, kill_leftovers, leftover_processes, log
 
-BENCHMARKS = ("startup", "spmd", "data")
+BENCHMARKS = ("startup", "spmd", "data", "scale")
 
 
 def _load(name: str):
@@ -31,6 +32,9 @@ def _parse(argv: list[str]) -> tuple[list[str], Settings]:
     parser.add_argument("--pairs", type=int, default=None,
                         help="interleaved pairs for the per-cell overhead; default 50, 5 with "
                         "--quick")
+    parser.add_argument("--sizes", type=_sizes, default=None, metavar="N,N,...",
+                        help="process counts for the scale benchmark; default 1,4,16,64 (64 needs "
+                        "about 16 GiB free), 1,4,16 with --quick")
     parser.add_argument("--quick", action="store_true",
                         help="one repetition and few pairs: checks that everything runs")
     args = parser.parse_args(argv)
@@ -45,10 +49,21 @@ def _parse(argv: list[str]) -> tuple[list[str], Settings]:
         pairs=args.pairs if args.pairs is not None else (5 if args.quick else 50),
         warmup=2 if args.quick else 5,
         quick=args.quick,
+        sizes=args.sizes or ((1, 4, 16) if args.quick else (1, 4, 16, 64)),
     )
     if settings.repeat < 1 or settings.pairs < 1:
         parser.error("--repeat and --pairs must be at least 1")
     return names, settings
+
+
+def _sizes(text: str) -> tuple[int, ...]:
+    try:
+        sizes = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: give process counts, e.g. 1,4,16") from None
+    if not sizes or min(sizes) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: process counts are at least 1")
+    return tuple(sorted(set(sizes)))
 
 
 def main(argv: list[str] | None = None) -> int:

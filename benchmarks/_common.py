@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import ctypes
 import datetime
+import gc
 import os
 import platform
 import re
@@ -43,6 +45,7 @@ class Settings:
     pairs: int = 50  # interleaved pairs for the per-cell overhead
     warmup: int = 5
     quick: bool = False
+    sizes: tuple[int, ...] = (1, 4, 16, 64)  # processes, for the scale benchmark
 
 
 @dataclass
@@ -128,6 +131,36 @@ class Timer:
 
     def elapsed(self) -> float:
         return time.perf_counter() - self.began
+
+
+def rss() -> int:
+    return _status("VmRSS")
+
+
+def _status(field: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError(f"no {field} in /proc/self/status")
+
+
+class Peak:
+    """Time, and this process's peak RSS above its RSS at the start of the block."""
+
+    def __enter__(self) -> Peak:
+        # garbage and free heap left by the previous measurement would hide this one's growth
+        gc.collect()
+        ctypes.CDLL(None).malloc_trim(0)
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")  # resets VmHWM to the current RSS
+        self.since = rss()
+        self.began = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.seconds = time.perf_counter() - self.began
+        self.peak = _status("VmHWM") - self.since
 
 
 def write_table(table: Table) -> str:

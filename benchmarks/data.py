@@ -11,16 +11,25 @@ It all runs in a fresh child process, the "notebook", whose peak RSS is read fro
 
 from __future__ import annotations
 
-import ctypes
-import gc
 import json
 import os
 import subprocess
 import sys
 import tempfile
-import time
 
-from ._common import Settings, Table, log, median, mib, ratio, seconds, spread, track
+from ._common import (
+    Peak,
+    Settings,
+    Table,
+    log,
+    median,
+    mib,
+    ratio,
+    rss,
+    seconds,
+    spread,
+    track,
+)
 
 NODES = 4
 DEVICES = 2
@@ -112,36 +121,6 @@ def run(settings: Settings) -> Table:
 # -- the child: the "notebook" ---------------------------------------------------------------
 
 
-def _rss() -> int:
-    return _status("VmRSS")
-
-
-def _status(field: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError(f"no {field} in /proc/self/status")
-
-
-class _Peak:
-    """Time, and peak RSS above the RSS at the start of the block."""
-
-    def __enter__(self) -> _Peak:
-        # garbage and free heap left by the previous measurement would hide this one's growth
-        gc.collect()
-        ctypes.CDLL(None).malloc_trim(0)
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")  # resets VmHWM to the current RSS
-        self.since = _rss()
-        self.began = time.perf_counter()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.seconds = time.perf_counter() - self.began
-        self.peak = _status("VmHWM") - self.since
-
-
 def _touch(a) -> None:
     """Read one value per 4 KiB page, so that the result is in this process's memory."""
     a.reshape(-1)[:: 4096 // a.itemsize].sum()
@@ -155,9 +134,9 @@ def _child(size_mib: int, repeat: int, out: str) -> None:
 
     rows = size_mib * 2**20 // 4 // COLUMNS
     expected_rows = np.arange(rows, dtype=np.float32)
-    r: dict = {"baseline_rss": _rss()}
+    r: dict = {"baseline_rss": rss()}
 
-    def record(name: str, measured: _Peak, warm_up: bool) -> None:
+    def record(name: str, measured: Peak, warm_up: bool) -> None:
         if not warm_up:
             r.setdefault(name, []).append(measured.seconds)
             r.setdefault(f"{name}_peak", []).append(measured.peak)
@@ -172,14 +151,14 @@ def _child(size_mib: int, repeat: int, out: str) -> None:
         # round 0 warms up (imports on the engines, XLA compiles) and is not counted
         for i in range(repeat + 1):
             for name, shared_memory in (("pull_ours", True), ("pull_network", False)):
-                with _Peak() as ours:
+                with Peak() as ours:
                     transfer = data.pull(cluster, "x", shared_memory=shared_memory)
                     _touch(transfer.value)
                 assert np.array_equal(transfer.value[:, -1], expected_rows), "pull: wrong values"
                 record(name, ours, i == 0)
                 r.setdefault("shared_memory", sorted(transfer.shared_memory))
                 del transfer  # and the value it carries
-            with _Peak() as recipe:
+            with Peak() as recipe:
                 cluster.run(RECIPE_PULL).check()
                 gathered = process0.pull("gathered", block=True)
                 _touch(gathered)
@@ -193,12 +172,12 @@ def _child(size_mib: int, repeat: int, out: str) -> None:
             source = np.repeat(expected_rows[:, None], COLUMNS, axis=1)
             r["nbytes"] = source.nbytes
             for name, shared_memory in (("push_ours", True), ("push_network", False)):
-                with _Peak() as ours:
+                with Peak() as ours:
                     cluster.push("y", source, sharding, shared_memory=shared_memory)
                 assert cluster.run(CHECK_PUSHED).check().value(0) == "True", "push: wrong"
                 cluster.run("del y").check()
                 record(name, ours, i == 0)
-            with _Peak() as recipe:
+            with Peak() as recipe:
                 cluster.view.push({"full": source}, block=True)
                 cluster.run(RECIPE_PUSH).check()
             assert cluster.run(CHECK_PUSHED).check().value(0) == "True", "recipe push: wrong"
@@ -207,11 +186,11 @@ def _child(size_mib: int, repeat: int, out: str) -> None:
             record("push_recipe", recipe, i == 0)
             log(f"push {i}/{repeat} done")
 
-            with _Peak() as fresh:
+            with Peak() as fresh:
                 copied = source.copy()
             target = np.empty_like(source)
             target[...] = 0
-            with _Peak() as warm:
+            with Peak() as warm:
                 np.copyto(target, source)
             del source, copied, target
             record("copy_fresh", fresh, i == 0)

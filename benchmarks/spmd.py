@@ -73,6 +73,7 @@ class Session:
         self.devices = devices
         self.magics = ip.magics_manager.registry["JaxClusterMagics"]
         self.failures = failures  # shared by all sessions: starts/restarts that failed
+        self.start_options = ""  # more options for %jax_cluster start (" --timeout 300")
 
     def __enter__(self) -> Session:
         try:
@@ -92,6 +93,7 @@ class Session:
         """``%jax_cluster start``; a failed start (which stops itself) is recorded and retried,
         so one flaky start does not lose the other rows, nor goes unreported."""
         line = f"start --nodes {self.nodes} --devices-per-node {self.devices} --platform cpu"
+        line += self.start_options
         for attempt in range(1, MAX_ATTEMPTS + 1):
             try:
                 with capture_output():

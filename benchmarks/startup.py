@@ -83,21 +83,22 @@ def _ours_once(failures: list[str]) -> tuple[float, dict[str, float]]:
     return t.seconds, memory
 
 
-def _recipe_once() -> tuple[float, dict[str, float]]:
+def _recipe_once(nodes: int = NODES, devices: int = DEVICES) -> tuple[float, dict[str, float]]:
+    """One timed start of the recipe: ``nodes`` engines, ``jax.distributed`` on each."""
     cluster = None
     try:
         with Timer() as t:
-            cluster = ipp.Cluster(n=NODES)
+            cluster = ipp.Cluster(n=nodes)
             track(cluster.cluster_id)
             client = cluster.start_and_connect_sync()
             coordinator = f"127.0.0.1:{_free_port()}"
             pending = [
-                client[eid].apply_async(recipe_initialize, coordinator, NODES, index, DEVICES)
-                for index, eid in enumerate(client.ids[:NODES])
+                client[eid].apply_async(recipe_initialize, coordinator, nodes, index, devices)
+                for index, eid in enumerate(client.ids[:nodes])
             ]
-            devices = [ar.get(timeout=120) for ar in pending]
-        assert devices == [NODES * DEVICES] * NODES, devices
-        pids = client[client.ids[:NODES]].apply_sync(engine_pid)
+            counts = [ar.get(timeout=120 + 5 * nodes) for ar in pending]
+        assert counts == [nodes * devices] * nodes, counts
+        pids = client[client.ids[:nodes]].apply_sync(engine_pid)
         memory = _memory(pids)
         client.close()
     finally:

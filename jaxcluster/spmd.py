@@ -12,6 +12,7 @@ cluster restarted (a death always needs one), and its setup cells replayed.
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import signal
 import time
@@ -29,7 +30,10 @@ DEFAULT_HANG_AFTER = 10.0
 INTERRUPT_GRACE = 3.0  # seconds the processes get to stop after SIGINT before they count as stuck
 PROBE_EVERY = 2.0  # how often the processes still running are looked at, once others ended
 DEATH_GRACE = 1.0  # seconds the others get to finish after one process died
-WAIT_SLICE = 0.1  # how often a running cell looks at its processes
+# seconds a cell may take before it is watched more closely (a trivial cell on 64 processes
+# takes about 0.25 s on 2 cores)
+FIRST_WAIT = 0.5
+HEALTH_EVERY = 0.5  # how often the engines of running processes are checked for deaths
 UPDATE_EVERY = 0.25  # how often streamed output is passed on
 
 
@@ -169,7 +173,12 @@ def _relay(ar: Any, processes: int) -> Relay:
 
 
 class _Watcher:
-    """Follows one AsyncResult until every process is done or the cell is given up on."""
+    """Follows one AsyncResult until every process is done or the cell is given up on.
+
+    It sleeps until something is due: a process ends (each process's own AsyncResult, from
+    ``AsyncResult.split``, wakes it), output is to be passed on, the engines' health is to be
+    checked, a probe, the timeout. A cell that ends before any of these is read once, at its end.
+    """
 
     def __init__(
         self,
@@ -190,23 +199,62 @@ class _Watcher:
         self.first_death: float | None = None
         self.next_probe = 0.0
         self.counts: dict[int, dict] = {}  # dispatch counts of ended processes (they are idle)
+        # what each process's metadata looked like when last read: unchanged, it is not re-read
+        self.seen: list[tuple | None] = [None] * len(result.processes)
 
     def watch(self, on_update: Update | None) -> None:
-        last_update = 0.0
+        first = FIRST_WAIT if self.timeout is None else min(FIRST_WAIT, self.timeout)
+        if self.ar.wait(first):
+            self._finish()
+            return
+        pending = {part for part in self.ar.split() if not part.done()}
+        last_update = next_health = 0.0
         while True:
-            if self.ar.wait(WAIT_SLICE):
-                self.ar.wait_for_output(5)
-                self._collect()
-                self._settle_deaths()
-                return
             now = time.monotonic()
-            self._collect()
+            self._collect(self.ar.metadata)
             if on_update is not None and now - last_update >= UPDATE_EVERY:
                 last_update = now
                 on_update(self.result)
-            self._note_deaths(now)
+            if now >= next_health:
+                next_health = now + HEALTH_EVERY
+                self._note_deaths(now)
+            else:
+                self._note_end(now)
             if self._given_up(now):
                 return
+            wait = max(0.0, self._next_due(next_health, last_update, on_update) - now)
+            if not pending:
+                if self.ar.wait(wait):
+                    self._finish()
+                    return
+                continue
+            _, pending = concurrent.futures.wait(
+                pending, timeout=wait, return_when=concurrent.futures.FIRST_COMPLETED
+            )
+
+    def _next_due(self, next_health: float, last_update: float, on_update: Update | None) -> float:
+        due = [next_health]
+        if on_update is not None:
+            due.append(last_update + UPDATE_EVERY)
+        if self.timeout is not None:
+            due.append(self.began + self.timeout)
+        if self.first_end is not None:
+            due.append(self.next_probe)
+        if self.first_death is not None:
+            due.append(self.first_death + DEATH_GRACE)
+        return min(due)
+
+    def _finish(self) -> None:
+        """Every process answered: read what each produced, once. ``ExecuteReply.metadata`` is
+        the same record as ``AsyncResult.metadata``, without parsing its dates each time."""
+        self.ar.wait_for_output(5)
+        self.seen = [None] * len(self.result.processes)  # read all, complete now
+        replies = self.ar.get(0, return_exceptions=True)
+        if any(isinstance(r, BaseException) for r in replies):
+            self._collect(self.ar.metadata)
+        else:
+            self._collect([r.metadata for r in replies])
+        self._settle_deaths()
 
     def stop_running(self, failure: str) -> None:
         """The ladder's first rung: interrupt the running processes. Those that stop keep
@@ -220,7 +268,7 @@ class _Watcher:
                 self.cluster.client.send_signal(signal.SIGINT, targets=engines, block=False)
             self.ar.wait(INTERRUPT_GRACE)
             self.ar.wait_for_output(1)
-            self._collect()
+            self._collect(self.ar.metadata)
         self.result.failure = failure
         self.result.interrupted = [p.process_index for p in running if p.state != "running"]
         stuck = [p.process_index for p in self.result.processes if p.state == "running"]
@@ -247,8 +295,13 @@ class _Watcher:
                 "collectives are out of step"
             )
 
-    def _collect(self) -> None:
-        for proc, md in zip(self.result.processes, self.ar.metadata, strict=True):
+    def _collect(self, metadata: list[dict]) -> None:
+        for i, (proc, md) in enumerate(zip(self.result.processes, metadata, strict=True)):
+            seen = (len(md["stdout"]), len(md["stderr"]), len(md["outputs"]), md["status"],
+                    md["execute_result"] is not None, md["error"] is not None)
+            if seen == self.seen[i]:
+                continue  # a long stream is not cleaned again while it has not grown
+            self.seen[i] = seen
             proc.stdout = clean_stream(md["stdout"])
             proc.stderr = clean_stream(md["stderr"])
             proc.outputs = [dict(o) for o in md["outputs"]]
@@ -270,6 +323,9 @@ class _Watcher:
                 _died(entry, reason)
                 if self.first_death is None:
                     self.first_death = now
+        self._note_end(now)
+
+    def _note_end(self, now: float) -> None:
         if self.first_end is None and any(p.state != "running" for p in self.result.processes):
             self.first_end = now
             self.next_probe = now + min(PROBE_EVERY, self.hang_after)

@@ -61,6 +61,25 @@ def test_pull_assembles_an_array_that_no_process_holds(ready, shared_memory):
     value[0, 0] = -1  # an ordinary array, the notebook's own
 
 
+def test_a_pull_runs_no_garbage_collection_per_reply(ready):
+    # replies without data hold nothing: collecting after each made pulls grow with processes
+    import gc
+
+    full_collections = []
+
+    def count(phase, info):
+        if phase == "start" and info["generation"] == 2:
+            full_collections.append(1)
+
+    spmd(ready, "x = make((8,), ('d',), P('d'))")
+    gc.callbacks.append(count)
+    try:
+        data.pull(ready, "x", shared_memory=True)
+    finally:
+        gc.callbacks.remove(count)
+    assert len(full_collections) <= 1
+
+
 def test_replicated_shards_are_sent_once(ready):
     # each row block is held by both 'model' devices of one process: 4 distinct of 8 shards
     spmd(ready, "r = make((4, 2), ('data', 'model'), P('data'))")

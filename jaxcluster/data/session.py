@@ -193,6 +193,8 @@ class Session:
         ipyparallel's futures hold each reply in a reference cycle, which only the cycle
         collector frees; without this a pull through ipyparallel would hold every piece.
         """
+        if not nbytes:
+            return  # a reply without data holds nothing worth a collection
         self._uncollected += nbytes
         if self._uncollected >= self._budget:
             self._uncollected = 0

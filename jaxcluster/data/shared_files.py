@@ -6,6 +6,7 @@ import contextlib
 import mmap
 import os
 import uuid
+from typing import Any
 
 SHARED_MEMORY_DIR = "/dev/shm"
 
@@ -44,6 +45,28 @@ class SharedFiles:
             # reserved now: writing into a full /dev/shm would kill the writer with SIGBUS
             os.posix_fallocate(fd, 0, nbytes)
             return path, mmap.mmap(fd, nbytes)
+        except OSError:
+            self.unlink(path)
+            return None
+        finally:
+            os.close(fd)
+
+    def write(self, chunks: list[tuple[int, Any]]) -> str | None:
+        """A new file holding each ``(offset, bytes-like)``; None where /dev/shm has no room
+        (and then no file). Written, not mapped: one copy, and a full /dev/shm is an error here
+        instead of a SIGBUS."""
+        if self.probe is None:
+            return None
+        path = f"{self.probe}-{len(self.paths)}"
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+        self.paths.add(path)
+        try:
+            for offset, data in chunks:
+                view = memoryview(data).cast("B")
+                while view:
+                    written = os.pwrite(fd, view, offset)
+                    view, offset = view[written:], offset + written
+            return path
         except OSError:
             self.unlink(path)
             return None

@@ -2,18 +2,25 @@
 
 from __future__ import annotations
 
+import contextlib
 import pickle
+import time
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
+import ipyparallel as ipp
 import numpy as np
 
 from ..contracts import ClusterHandle
 from ..engine import data as engine
-from ..errors import ConfigError
+from ..errors import ConfigError, JaxClusterError, engine_error_message
+from ..output import process_label
 from .mesh import MeshSharding
-from .session import Call, Session, Transfer, check_name, row_ranges
-from .shared_files import Slot
+from .session import CLEANUP_SECONDS, Call, Session, Transfer, check_name, row_ranges
+from .shared_files import SharedFiles, Slot
+
+ALIGN = 64  # bytes: where each buffer of a pushed value starts in its /dev/shm file
 
 
 def push(
@@ -30,7 +37,7 @@ def push(
     """
     check_name(name)
     if sharding is None:
-        return _push_value(cluster, name, value)
+        return _push_value(cluster, name, value, shared_memory)
     array = np.asarray(value)
     if array.dtype.hasobject:
         raise ConfigError(
@@ -68,7 +75,9 @@ def push(
     return session.transfer
 
 
-def _push_value(cluster: ClusterHandle, name: str, value: Any) -> Transfer:
+def _push_value(cluster: ClusterHandle, name: str, value: Any, shared_memory: bool) -> Transfer:
+    """The whole value to every process: written once into a /dev/shm file that the processes
+    on this host map, and sent through ipyparallel only to the others."""
     buffers: list[pickle.PickleBuffer] = []
     try:
         payload = pickle.dumps(value, protocol=5, buffer_callback=buffers.append)
@@ -77,15 +86,87 @@ def _push_value(cluster: ClusterHandle, name: str, value: Any) -> Transfer:
             f"The value for {name!r} cannot be sent to the processes: {type(e).__name__}: {e}"
         ) from None
     raws = [b.raw() for b in buffers]
-    with Session(cluster, "push", name, shared_memory=False) as session:
-        session.check(session.run([
-            Call(p, (engine.stage_value, session.token, payload, *raws))
-            for p in range(len(cluster.processes))
-        ]), f"push {name!r} (nothing was assigned)")
-        for p in range(len(cluster.processes)):
-            session.transfer.add(p, len(payload) + sum(r.nbytes for r in raws))
-        session.commit(name)
-    return session.transfer
+    transfer = Transfer("push", name)
+    began = time.perf_counter()
+    token = uuid.uuid4().hex
+    everyone = list(range(len(cluster.processes)))
+    what = f"push {name!r} (nothing was assigned)"
+    files = SharedFiles(shared_memory, 0)
+    try:
+        shared = _write_file(files, payload, raws)
+        local: set[int] = set()
+        if shared is not None:
+            replies, errors = _on(cluster, everyone, (engine.stage_file, token, *shared))
+            _check(errors, what)
+            local = {p for p, found in replies.items() if found}
+        others = [p for p in everyone if p not in local]
+        if others:
+            _check(_on(cluster, others, (engine.stage_value, token, payload, *raws))[1], what)
+        _check(_on(cluster, everyone, (engine.commit, token, name))[1],
+               f"assign {name!r} (other processes may have the new value)")
+    except BaseException:
+        with contextlib.suppress(Exception):  # the first error is the one to report
+            _on(cluster, everyone, (engine.release, token), CLEANUP_SECONDS)
+        raise
+    finally:
+        files.close()  # the processes' mappings outlive the file
+    for p in everyone:
+        transfer.add(p, len(payload) + sum(r.nbytes for r in raws))
+    transfer.shared_memory = local
+    transfer.seconds = time.perf_counter() - began
+    return transfer
+
+
+def _write_file(
+    files: SharedFiles, payload: bytes, raws: list[memoryview]
+) -> tuple[str, engine.Span, list[engine.Span]] | None:
+    """The pickle and its buffers in one new /dev/shm file, each buffer aligned for NumPy;
+    (path, payload's span, buffers' spans), or None where there is no such file."""
+    spans, end = [], len(payload)
+    for raw in raws:
+        start = -(-end // ALIGN) * ALIGN
+        spans.append((start, raw.nbytes))
+        end = start + raw.nbytes
+    path = files.write([(0, payload), *((start, raw) for (start, _), raw in
+                                        zip(spans, raws, strict=True))])
+    return None if path is None else (path, (0, len(payload)), spans)
+
+
+def _on(
+    cluster: ClusterHandle, processes: list[int], request: tuple[Any, ...],
+    timeout: float | None = None,
+) -> tuple[dict[int, Any], dict[int, str]]:
+    """One call on each of ``processes`` at once: (replies, errors) by process index; one that
+    does not answer within ``timeout`` (default: the cluster's) fails."""
+    timeout = cluster.timeout if timeout is None else timeout
+    engines = [cluster.processes[p].engine_id for p in processes]
+    ar = cluster.client[engines].apply_async(*request)
+    if ar.wait(timeout):
+        answers = dict(zip(processes, ar.get(0, return_exceptions=True), strict=True))
+    else:  # those that answered, one AsyncResult each
+        parts = ar.split() if len(processes) > 1 else ()
+        answers = {p: part.get(0, return_exceptions=True)
+                   for p, part in zip(processes, parts, strict=True) if part.ready()}
+    replies, errors = {}, {}
+    for p in processes:
+        if p not in answers:
+            errors[p] = f"no answer within {timeout:g} s"
+        elif isinstance(answers[p], ipp.error.RemoteError):
+            errors[p] = engine_error_message(answers[p])
+        elif isinstance(answers[p], BaseException):  # the engine died, a bad reply, ...
+            errors[p] = f"{type(answers[p]).__name__}: {answers[p]}"
+        else:
+            replies[p] = answers[p]
+    done = [m for m in ar.msg_ids if m not in cluster.client.outstanding]
+    if done:
+        cluster.client.purge_local_results(jobs=done)  # the replies, and what they hold
+    return replies, errors
+
+
+def _check(errors: dict[int, str], what: str) -> None:
+    if errors:
+        details = "; ".join(f"{process_label([p])}: {m}" for p, m in sorted(errors.items()))
+        raise JaxClusterError(f"Could not {what}: {details}")
 
 
 def _pieces(session: Session, p: int, key: engine.Key, array: np.ndarray) -> Iterator[Call]:

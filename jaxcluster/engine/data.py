@@ -196,5 +196,26 @@ def stage_value(token: str, payload: Any, *buffers: Any) -> None:
     _held[token] = pickle.loads(payload, buffers=buffers)
 
 
+Span = tuple[int, int]  # offset and length in a file
+
+
+def stage_file(token: str, path: str, payload: Span, buffers: list[Span]) -> bool:
+    """Unpickle a pushed value from the notebook's /dev/shm file at ``path``, if this process
+    sees it (same host); it waits for ``commit``. The file is mapped copy-on-write: the arrays
+    in the value use its pages, shared by every process on the host until one writes."""
+    try:
+        with open(path, "rb") as f:
+            mapping = mmap.mmap(f.fileno(), 0, flags=mmap.MAP_PRIVATE,
+                                prot=mmap.PROT_READ | mmap.PROT_WRITE)
+    except FileNotFoundError:
+        return False  # another host: the value comes through ipyparallel
+    whole = memoryview(mapping)
+    _held[token] = pickle.loads(
+        whole[payload[0]:payload[0] + payload[1]],
+        buffers=[whole[start:start + size] for start, size in buffers],
+    )
+    return True
+
+
 def commit(token: str, name: str) -> None:
     _namespace()[name] = _held.pop(token)
