@@ -197,7 +197,8 @@ def _registered(
     ended = engine_sets.any_engine_ends(launched.ipp_cluster)
     reported = -1
     while True:
-        new = sorted(set(client.ids) - known)
+        ids = set(client.ids)  # one snapshot: the wait below is for one more than these
+        new = sorted(ids - known)
         if progress and len(new) != reported:
             reported = len(new)
             progress("engines registered", min(len(new), options.nodes), options.nodes)
@@ -210,9 +211,11 @@ def _registered(
         left = deadline - time.monotonic()
         if left <= 0:
             _raise_short(launched, new, options)
-        # one more engine (an old one unregistering after a restart also wakes this)
+        # one more engine (an old one unregistering after a restart also wakes this); counted
+        # from the snapshot, so one registering meanwhile ends the wait at once instead of
+        # leaving it for an engine that never comes until the whole --timeout is gone
         one_more = client.wait_for_engines(
-            len(client.ids) + 1, timeout=left, block=False, interactive=False
+            len(ids) + 1, timeout=left, block=False, interactive=False
         )
         concurrent.futures.wait(
             [one_more, ended], timeout=left, return_when=concurrent.futures.FIRST_COMPLETED

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import time
+import re
 
 import pytest
 from IPython import get_ipython
@@ -65,11 +65,12 @@ def test_config_changes_the_defaults_the_magics_use(shell):
 
         # process 0 skips a collective that process 1 waits in: a hang, declared after the
         # configured 1.5 s instead of the default 10 s
-        began = time.monotonic()
         with capture_output(), pytest.raises(SPMDError) as failed:
             shell.run_cell_magic("spmd", "", SKIP_A_COLLECTIVE)
-        took = time.monotonic() - began
-        assert "The cell hung" in "\n".join(failed.value.lines)
-        assert 1.5 <= took < 1.5 + 8, took
+        report = "\n".join(failed.value.lines)
+        assert "The cell hung" in report
+        # declared when the evidence is in after 1.5 s: before the default 10 s could pass
+        declared = float(re.search(r"\(after (\d+\.\d+) s\)", report)[1])
+        assert 1.5 <= declared < 10, report
     finally:
         shell.run_line_magic("jax_cluster", "stop")
