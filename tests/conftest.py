@@ -53,13 +53,19 @@ def cluster():
 
     c = JaxCluster(nodes=4, devices_per_node=2, platform="cpu")
     c.start()
-    try:
+    with stopped_at_the_end(c):
         yield c
+
+
+@contextmanager
+def stopped_at_the_end(cluster) -> Iterator:
+    """Stop ``cluster`` when the block ends, and kill whatever of it outlived the stop."""
+    try:
+        yield cluster
     finally:
-        cluster_id = c.cluster_id
-        c.stop()
-        leftovers = cluster_processes(cluster_id)
-        for proc in leftovers:
+        cluster_id = cluster.cluster_id
+        cluster.stop()
+        for proc in cluster_processes(cluster_id):
             proc.kill()
 
 

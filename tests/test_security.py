@@ -16,7 +16,7 @@ import zmq
 from jupyter_client.session import Session
 
 from jaxcluster import JaxCluster
-from tests.conftest import cluster_processes
+from tests.conftest import stopped_at_the_end
 
 pytestmark = pytest.mark.cluster
 
@@ -24,13 +24,8 @@ pytestmark = pytest.mark.cluster
 @pytest.fixture(scope="module")
 def cluster():
     c = JaxCluster(nodes=2, timeout=120).start()
-    try:
+    with stopped_at_the_end(c):
         yield c
-    finally:
-        cluster_id = c.cluster_id
-        c.stop()
-        for proc in cluster_processes(cluster_id):
-            proc.kill()
 
 
 def _mode(path: str) -> int:
@@ -128,13 +123,8 @@ def mpi_cluster(request):
         pytest.skip("mpiexec is not installed")
     c = JaxCluster(nodes=2, devices_per_node=1, launcher="mpi", ip=request.param, timeout=120)
     c.start()
-    try:
+    with stopped_at_the_end(c):
         yield c
-    finally:
-        cluster_id = c.cluster_id
-        c.stop()
-        for proc in cluster_processes(cluster_id):
-            proc.kill()
 
 
 @needs_mpiexec
@@ -207,11 +197,6 @@ def test_a_coordinator_named_by_hand_listens_on_every_interface():
     port = claim_port()["port"]
     c = JaxCluster(nodes=1, devices_per_node=1, coordinator=f"127.0.0.1:{port}", timeout=120)
     c.start()
-    try:
+    with stopped_at_the_end(c):
         bound = {a for a, p in _listening(c.processes[0].pid) if p == port}
         assert bound and all(a in ("::", "0.0.0.0") for a in bound), bound
-    finally:
-        cluster_id = c.cluster_id
-        c.stop()
-        for proc in cluster_processes(cluster_id):
-            proc.kill()

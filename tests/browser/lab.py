@@ -410,3 +410,16 @@ def run_notebook_in_lab(page, lab: JupyterLabServer, path: str, timeout: float =
     open_notebook(page, lab, path, timeout=timeout)
     run_all_cells(page)
     wait_cells_done(page, timeout=max(10.0, timeout - (time.monotonic() - start)))
+
+
+def write_notebook(lab: JupyterLabServer, name: str, cells: list[str]) -> str:
+    """Save ``cells`` as notebook ``name`` for the standard Python 3 kernel in Lab's root."""
+    import nbformat
+
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["kernelspec"] = {
+        "name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python",
+    }
+    nb.cells = [nbformat.v4.new_code_cell(c) for c in cells]
+    nbformat.write(nb, str(lab.root_dir / name))
+    return name

@@ -6,10 +6,9 @@ from __future__ import annotations
 import re
 import time
 
-import nbformat
 import pytest
 
-from .lab import open_notebook, run_all_cells, save_screenshot, wait_cells_done
+from .lab import open_notebook, run_all_cells, save_screenshot, wait_cells_done, write_notebook
 
 pytestmark = [pytest.mark.browser, pytest.mark.cluster, pytest.mark.timeout(300)]
 
@@ -33,12 +32,7 @@ def read_bar(page) -> float | None:
 
 
 def test_a_tqdm_bar_advances_while_the_cell_runs(lab_server, browser_page):
-    nb = nbformat.v4.new_notebook()
-    nb.metadata["kernelspec"] = {
-        "name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python",
-    }
-    nb.cells = [nbformat.v4.new_code_cell(c) for c in CELLS]
-    nbformat.write(nb, str(lab_server.root_dir / "live.ipynb"))
+    write_notebook(lab_server, "live.ipynb", CELLS)
 
     page = browser_page
     open_notebook(page, lab_server, "live.ipynb", timeout=180)
@@ -80,12 +74,7 @@ SLIDER_CELLS = [
 
 
 def test_a_slider_moved_in_the_browser_changes_the_value_on_process_0(lab_server, browser_page):
-    nb = nbformat.v4.new_notebook()
-    nb.metadata["kernelspec"] = {
-        "name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python",
-    }
-    nb.cells = [nbformat.v4.new_code_cell(c) for c in SLIDER_CELLS]
-    nbformat.write(nb, str(lab_server.root_dir / "slider.ipynb"))
+    write_notebook(lab_server, "slider.ipynb", SLIDER_CELLS)
 
     page = browser_page
     open_notebook(page, lab_server, "slider.ipynb", timeout=180)

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import nbformat
 import pytest
 
-from .lab import run_notebook_in_lab, save_screenshot
+from .lab import run_notebook_in_lab, save_screenshot, write_notebook
 
 pytestmark = [pytest.mark.browser, pytest.mark.cluster, pytest.mark.timeout(300)]
 
@@ -24,12 +23,7 @@ CELLS = [
 
 
 def test_one_sharding_widget_for_a_4x2_mesh(lab_server, browser_page):
-    nb = nbformat.v4.new_notebook()
-    nb.metadata["kernelspec"] = {
-        "name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python",
-    }
-    nb.cells = [nbformat.v4.new_code_cell(c) for c in CELLS]
-    nbformat.write(nb, str(lab_server.root_dir / "sharding.ipynb"))
+    write_notebook(lab_server, "sharding.ipynb", CELLS)
 
     page = browser_page
     run_notebook_in_lab(page, lab_server, "sharding.ipynb", timeout=240)
