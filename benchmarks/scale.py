@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -21,6 +22,7 @@ import numpy as np
 import psutil
 from IPython.utils.capture import capture_output
 
+from . import _common
 from ._common import (
     Peak,
     Settings,
@@ -48,6 +50,7 @@ TRIVIAL_TARGET_BIG = 0.8  # at 16 processes and more
 BOUND_TARGET = 1.3  # start → ready against the import bound, at BIG
 PULL_TARGET = 0.5  # at least 2× faster than the recipe
 PUSH_GROWTH_TARGET = 2.0  # push to the largest size within 2× the push to 4
+LEFT_WITHIN = 30.0  # s after a stop by which nothing of the cluster may run
 
 SETUP = """
 import numpy as np
@@ -151,12 +154,36 @@ def _measure(ip: object, size: Size, settings: Settings, failures: list[str]) ->
         session.pairs(TRIVIAL, settings.warmup, f"warm-up {label}")
         ours, px, _ = session.pairs(TRIVIAL, settings.pairs, f"trivial {label}")
         size.samples.update(trivial_ours=ours, trivial_px=px)
+        _floor(session, size, settings.pairs)
         _print_cells(session, size, reps)
         _psum_cells(session, size, reps)
         _push(session, size, reps, DATA_MIB if not settings.quick else 8)
         _pull(session, size, reps, DATA_MIB if not settings.quick else 8)
     finally:
         session.__exit__()
+        size.add("left_after_stop", _left_after_stop(session, LEFT_WITHIN))
+
+
+def _floor(session: Session, size: Size, count: int) -> None:
+    """What any cell sent through ipyparallel costs at least: one ``apply`` of a builtin per
+    process (nothing to run, no IPython), alternating with ``%%px --block x = 1``."""
+    for i in range(count):
+        for which in ("floor", "px") if i % 2 == 0 else ("px", "floor"):
+            with capture_output(), Timer() as t:
+                if which == "floor":
+                    session.px_view.apply_sync(int)
+                else:
+                    session.ip.run_cell_magic("px", "--block", TRIVIAL)
+            size.add(f"floor_{which}", t.seconds)
+
+
+def _left_after_stop(session: Session, within: float) -> int:
+    """How many processes of the clusters started so far (all stopped by now) are still
+    running ``within`` s after ``session`` stopped."""
+    deadline = time.monotonic() + within
+    while (left := _common.leftover_processes()) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return len(left)
 
 
 def _starts(ip: object, size: Size, reps: int, failures: list[str]) -> Session:
@@ -327,6 +354,8 @@ def _rows(table: Table, size: Size, bound: float, settings: Settings) -> None:
     pairs = len(got.get("trivial_ours", []))
     pair(f"trivial cell `x = 1` (median of {pairs} pairs; baseline: %%px --block)",
          "trivial_ours", "trivial_px", TRIVIAL_TARGET_BIG if n >= 16 else TRIVIAL_TARGET)
+    pair(f"floor: one ipyparallel `apply(int)` per process (median of {pairs} pairs; "
+         "baseline: %%px --block)", "floor_floor", "floor_px")
     reps = len(got.get("print_spmd", []))
     pair(f"every process prints {PRINT_LINES:,} lines (median of {reps})", "print_spmd",
          "print_px")
@@ -343,6 +372,10 @@ def _rows(table: Table, size: Size, bound: float, settings: Settings) -> None:
          "DirectView.push)", "push_ours", "push_ipp")
     pair(f"pull {data_mib} MiB sharded over all devices (median of {reps}; baseline: "
          "process_allgather + pull)", "pull_ours", "pull_recipe", PULL_TARGET)
+    if "left_after_stop" in got:
+        left = int(got["left_after_stop"][-1])
+        table.add(f"{n} proc: processes left {LEFT_WITHIN:g} s after stop", str(left), "—", "—",
+                  "0", left == 0)
     for name in ("start_ours", "start_recipe", "trivial_ours", "trivial_px", "push_ours",
                  "push_ipp", "pull_ours", "pull_recipe"):
         if name in got and len(got[name]) <= 10:

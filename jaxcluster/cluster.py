@@ -321,6 +321,11 @@ class JaxCluster:
             return {}
         return self._health().dump_stacks(process_indices, wait)
 
+    def signal(self, process_indices: list[int], signum: int) -> None:
+        """Send ``signum`` to the given processes (see ``Health.signal``)."""
+        if self.running:
+            self._health().signal(process_indices, signum)
+
     def dispatch_records(self, process_indices: list[int]) -> dict[int, dict]:
         """The latest multi-process program each given process dispatched this cell, read
         without its help (see ``Health.dispatch_records``)."""

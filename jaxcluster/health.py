@@ -84,8 +84,8 @@ class Health:
     def dump_stacks(self, process_indices: list[int], wait: float = 2.0) -> dict[int, str]:
         """The current Python stack of each given process whose dump this machine can read.
 
-        The engine's nanny passes SIGUSR1 on to the engine, whose ``faulthandler`` writes the
-        dump from a C signal handler, even while Python is blocked in a collective.
+        The engine's ``faulthandler`` writes the dump from a C signal handler on SIGUSR1, even
+        while Python is blocked in a collective.
         """
         files = {
             index: self.stack_files[index]
@@ -94,11 +94,9 @@ class Health:
         }
         for path in files.values():
             open(path, "w").close()  # the engine appends; one dump per file
-        targets = [self.processes[index].engine_id for index in files]
-        if not targets:
+        if not files:
             return {}
-        with contextlib.suppress(Exception):  # an engine the controller lost is dead anyway
-            self.client.send_signal(signal.SIGUSR1, targets=targets, block=False)
+        self.signal(list(files), signal.SIGUSR1)
         stacks: dict[int, str] = {}
         previous: dict[int, str] = {}
         deadline = time.monotonic() + wait
@@ -113,6 +111,20 @@ class Health:
                     del files[index]
                 previous[index] = dump
         return stacks
+
+    def signal(self, process_indices: list[int], signum: int) -> None:
+        """Send ``signum`` to the given processes: straight to the pid where this machine
+        launched them (local engines run without ipyparallel's nanny), else through the nanny
+        beside each engine. One that cannot be signalled is dead or lost, which the death
+        checks report."""
+        if self.launcher == "local":
+            for index in process_indices:
+                with contextlib.suppress(OSError):
+                    os.kill(self.processes[index].pid, signum)
+            return
+        targets = [self.processes[index].engine_id for index in process_indices]
+        with contextlib.suppress(Exception):
+            self.client.send_signal(signum, targets=targets, block=False)
 
     def dispatch_records(self, process_indices: list[int]) -> dict[int, dict]:
         """The latest multi-process dispatch of each given process (``engine/dispatch.py``),

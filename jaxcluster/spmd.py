@@ -13,7 +13,6 @@ cluster restarted (a death always needs one), and its setup cells replayed.
 from __future__ import annotations
 
 import concurrent.futures
-import contextlib
 import signal
 import time
 from collections.abc import Callable
@@ -262,10 +261,7 @@ class _Watcher:
         those left with a multi-process program in flight that others never ran."""
         running = [p for p in self.result.processes if p.state == "running"]
         if running:
-            engines = [self.cluster.processes[p.process_index].engine_id for p in running]
-            # an engine that cannot be signalled is stuck anyway
-            with contextlib.suppress(Exception):
-                self.cluster.client.send_signal(signal.SIGINT, targets=engines, block=False)
+            self.cluster.signal([p.process_index for p in running], signal.SIGINT)
             self.ar.wait(INTERRUPT_GRACE)
             self.ar.wait_for_output(1)
             self._collect(self.ar.metadata)

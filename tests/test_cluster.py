@@ -43,6 +43,38 @@ def test_summary_and_status(cluster):
     assert all(r.platform == "cpu" for r in rows)
 
 
+def test_local_engines_start_lean_and_a_cell_can_still_import_debugpy(cluster):
+    # no ipyparallel nanny beside each engine, no debugpy and no notebook-side library at start:
+    # each would be a few tenths of a second of CPU per process (issue 17)
+    commands = [" ".join(p.cmdline()) for p in cluster_processes(cluster.cluster_id)]
+    assert sum("jaxcluster.engine" in c for c in commands) == 4
+    assert not [c for c in commands if "ipyparallel.engine.nanny" in c]
+    result = cluster.run(
+        "import sys\n"
+        "print(sorted(m for m in ('debugpy', 'jaxcluster.cluster', 'jaxcluster.spmd') "
+        "if m in sys.modules))\n"
+        "import debugpy\n"
+        "print(debugpy.__name__)"
+    ).check()
+    assert {p.stdout for p in result.processes} == {"[]\ndebugpy\n"}
+
+
+def test_an_interrupt_and_a_stack_dump_reach_local_engines_without_a_nanny(cluster):
+    import threading
+    import time
+
+    began = time.monotonic()
+    # process 1's stack, read while it sleeps, then the cell interrupted on every process
+    stacks: dict[int, str] = {}
+    threading.Timer(1.0, lambda: stacks.update(cluster.dump_stacks([1]))).start()
+    threading.Timer(2.5, cluster.signal, ([0, 1, 2, 3], signal.SIGINT)).start()
+    result = cluster.run("import time\ntime.sleep(30)")
+    assert time.monotonic() - began < 15
+    assert {p.state for p in result.processes} == {"error"}
+    assert {p.error["ename"] for p in result.processes} == {"KeyboardInterrupt"}
+    assert 'File "<cell>", line 2' in stacks.get(1, ""), stacks
+
+
 def test_status_shows_a_busy_process(cluster):
     import time
 

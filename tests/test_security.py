@@ -61,15 +61,15 @@ def _controller_listening(cluster) -> set[str]:
 
 def _engine_sockets(cluster) -> dict[str, set[str]]:
     """The addresses of the engines' listening ports, by what they are: the coordinator (on
-    process 0), ipyparallel's nanny channel (the engine itself is connected to it), and gloo's
-    (the others), once a collective has run."""
+    process 0), the engine's internal channel (one the engine itself is connected to), and
+    gloo's (the others), once a collective has run."""
     cluster.run(
         "import jax, jax.numpy as jnp\n"
         "from jax.experimental import multihost_utils\n"
         "multihost_utils.process_allgather(jnp.ones(1))"
     ).check()
     port = int(cluster.coordinator.rsplit(":", 1)[1])
-    found: dict[str, set[str]] = {"coordinator": set(), "nanny": set(), "gloo": set()}
+    found: dict[str, set[str]] = {"coordinator": set(), "internal": set(), "gloo": set()}
     for proc in cluster.processes:
         own = {
             (c.raddr.ip.removeprefix("::ffff:"), c.raddr.port)
@@ -80,7 +80,7 @@ def _engine_sockets(cluster) -> dict[str, set[str]]:
             if proc.process_index == 0 and listening_port == port:
                 found["coordinator"].add(address)
             elif (address, listening_port) in own:
-                found["nanny"].add(address)
+                found["internal"].add(address)
             else:
                 found["gloo"].add(address)
     return found
@@ -98,11 +98,14 @@ def test_local_controller_listens_on_loopback_only(cluster):
     assert _controller_listening(cluster) == {"127.0.0.1"}
 
 
-def test_local_engines_coordinator_nanny_and_transfers_are_on_loopback(cluster):
+def test_local_engines_coordinator_and_transfers_are_on_loopback_and_no_nanny(cluster):
     sockets = _engine_sockets(cluster)
     assert sockets["coordinator"] == {"127.0.0.1"}
     assert _transfer_addresses(cluster) == {"127.0.0.1"}
-    assert sockets["nanny"] == {"127.0.0.1"}
+    assert sockets["internal"] == {"127.0.0.1"}
+    # local engines run without ipyparallel's nanny, so it listens nowhere
+    engines = {p.pid for p in cluster.processes}
+    assert all(p.ppid() not in engines for p in psutil.process_iter())
 
 
 def test_local_gloo_listens_on_loopback(cluster):
@@ -141,7 +144,7 @@ def test_mpi_on_one_machine_listens_on_the_default_route_unless_ip_says(mpi_clus
     assert sockets["coordinator"] == {wanted}
     assert sockets["gloo"] == {wanted}
     assert _transfer_addresses(mpi_cluster) == {wanted}
-    assert sockets["nanny"] == {"127.0.0.1"}
+    assert sockets["internal"] == {"127.0.0.1"}
 
 
 @needs_mpiexec
