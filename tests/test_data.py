@@ -61,6 +61,16 @@ def test_pull_assembles_an_array_that_no_process_holds(ready, shared_memory):
     value[0, 0] = -1  # an ordinary array, the notebook's own
 
 
+def test_a_pull_without_room_in_dev_shm_goes_through_ipyparallel(ready, monkeypatch):
+    # the notebook no longer reserves the output's memory when only engines write into it,
+    # so it asks whether there is room first: without, nothing may be written there
+    monkeypatch.setattr(shared_files, "_room", lambda directory: 0)
+    spmd(ready, "x = make((8,), ('d',), P('d'))")
+    transfer = data.pull(ready, "x")
+    np.testing.assert_array_equal(transfer.value, FULL)
+    assert transfer.shared_memory == set()
+
+
 def test_a_pull_runs_no_garbage_collection_per_reply(ready):
     # replies without data hold nothing: collecting after each made pulls grow with processes
     import gc

@@ -116,10 +116,12 @@ class Session:
                 gc.collect()
 
     def output(
-        self, shape: tuple[int, ...], dtype: Any, shared: bool
+        self, shape: tuple[int, ...], dtype: Any, shared: bool, filled_here: bool
     ) -> tuple[np.ndarray, str | None]:
-        """A new array to fill; in /dev/shm (with its path) when ``shared`` and there is room."""
-        made = self.files.create(math.prod(shape) * np.dtype(dtype).itemsize) if shared else None
+        """A new array to fill; in /dev/shm (with its path) when ``shared`` and there is room.
+        ``filled_here``: this process writes part of it (see ``SharedFiles.create``)."""
+        nbytes = math.prod(shape) * np.dtype(dtype).itemsize
+        made = self.files.create(nbytes, reserve=filled_here) if shared else None
         if made is None:
             return np.empty(shape, dtype), None
         path, mapping = made

@@ -34,16 +34,25 @@ class SharedFiles:
             self.probe = prefix
             self.paths.add(prefix)
 
-    def create(self, nbytes: int) -> Slot | None:
-        """A new file of ``nbytes``, mapped; None where /dev/shm has no room for it."""
+    def create(self, nbytes: int, reserve: bool = True) -> Slot | None:
+        """A new file of ``nbytes``, mapped; None where /dev/shm has no room for it.
+
+        ``reserve``: its memory is allocated now, because this process will write into the
+        mapping, and writing into a full /dev/shm kills the writer with SIGBUS. Without it
+        (only engines write, with ``write_into``), nothing is zeroed beforehand that they
+        overwrite anyway: for 64 MiB that is 27 ms here."""
         if self.probe is None or nbytes == 0:
+            return None
+        if not reserve and _room(SHARED_MEMORY_DIR) < nbytes:
             return None
         path = f"{self.probe}-{len(self.paths)}"
         fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
         self.paths.add(path)
         try:
-            # reserved now: writing into a full /dev/shm would kill the writer with SIGBUS
-            os.posix_fallocate(fd, 0, nbytes)
+            if reserve:
+                os.posix_fallocate(fd, 0, nbytes)
+            else:
+                os.ftruncate(fd, nbytes)
             return path, mmap.mmap(fd, nbytes)
         except OSError:
             self.unlink(path)
@@ -94,3 +103,9 @@ class SharedFiles:
         self._free.clear()
         for path in list(self.paths):
             self.unlink(path)
+
+
+def _room(directory: str) -> int:
+    """Bytes free for us in the file system of ``directory``."""
+    stat = os.statvfs(directory)
+    return stat.f_bavail * stat.f_frsize

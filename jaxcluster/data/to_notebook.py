@@ -137,7 +137,8 @@ def _fetch(
         for key, owner in sorted(meta["owners"].items()):
             by_owner.setdefault(owner, []).append(key)
         local = {p for p in by_owner if p in session.shared}
-        out, path = session.output(meta["shape"], meta["dtype"], bool(local))
+        out, path = session.output(meta["shape"], meta["dtype"], bool(local),
+                                   filled_here=bool(set(by_owner) - local))
         outputs[ident] = out
         for p, keys in by_owner.items():
             nbytes = sum(out[engine.slices(key)].nbytes for key in keys)

@@ -120,12 +120,34 @@ def write_shards(token: str, jobs: list[tuple[str, int, list[Key]]]) -> int:
     written = 0
     for path, k, keys in jobs:
         array = _held[token][k]
-        out = mapped(path, array.shape, array.dtype)
-        for key in keys:
-            data = _shard(token, k, key)
-            out[slices(key)] = data
-            written += data.nbytes
+        with open(path, "r+b") as f:
+            out = np.ndarray(array.shape, array.dtype, buffer=mmap.mmap(f.fileno(), 0))
+            for key in keys:
+                data = _shard(token, k, key)
+                _write_into(f.fileno(), out, slices(key), data)
+                written += data.nbytes
     return written
+
+
+def _write_into(fd: int, out: np.ndarray, where: Any, data: np.ndarray) -> None:
+    """``out[where] = data``, where ``out`` maps the file ``fd``, which may not have its memory
+    yet: a contiguous region is written with ``pwrite`` (a full /dev/shm is an OSError, and a
+    page written whole is never zeroed first); another has its span allocated, then is copied."""
+    region = out[where]
+    if region.size == 0:
+        return
+    start = region.__array_interface__["data"][0] - out.__array_interface__["data"][0]
+    if region.flags.c_contiguous:
+        view = np.ascontiguousarray(data, dtype=out.dtype).data.cast("B")
+        offset = start
+        while view:
+            done = os.pwrite(fd, view, offset)
+            view, offset = view[done:], offset + done
+        return
+    # the region's strides are the whole array's, all positive: its last element is here
+    span = sum((n - 1) * stride for n, stride in zip(region.shape, region.strides, strict=True))
+    os.posix_fallocate(fd, start, span + region.itemsize)
+    region[...] = data
 
 
 def read_piece(token: str, k: int, key: Key, start: int, stop: int) -> np.ndarray:
