@@ -54,9 +54,11 @@ def test_local_engines_start_lean_and_a_cell_can_still_import_debugpy(cluster):
         "print(sorted(m for m in ('debugpy', 'jaxcluster.cluster', 'jaxcluster.spmd') "
         "if m in sys.modules))\n"
         "import debugpy\n"
-        "print(debugpy.__name__)"
+        "print(debugpy.__name__)\n"
+        "print(get_ipython().history_manager.hist_file, len(In) > 1)"
     ).check()
-    assert {p.stdout for p in result.processes} == {"[]\ndebugpy\n"}
+    # and the cells stay in the engine's memory, out of the user's IPython history file
+    assert {p.stdout for p in result.processes} == {"[]\ndebugpy\n:memory: True\n"}
 
 
 def test_an_interrupt_and_a_stack_dump_reach_local_engines_without_a_nanny(cluster):
