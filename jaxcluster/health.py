@@ -25,6 +25,7 @@ from .stacks import main_thread_stack
 # seconds ipyparallel gets to reap an engine that died, so that we can say how it ended
 REAP_SECONDS = 3.0
 POLL_SECONDS = 0.05
+ENGINE_MODULE = "jaxcluster.engine"  # on every engine's command line (launchers.ENGINE_CMD)
 
 
 @dataclass
@@ -119,8 +120,12 @@ class Health:
         checks report."""
         if self.launcher == "local":
             for index in process_indices:
-                with contextlib.suppress(OSError):
-                    os.kill(self.processes[index].pid, signum)
+                pid = self.processes[index].pid
+                # never another program that got the pid of an engine that died (SIGUSR1
+                # would end it)
+                with contextlib.suppress(OSError, psutil.Error):
+                    if ENGINE_MODULE in " ".join(psutil.Process(pid).cmdline()):
+                        os.kill(pid, signum)
             return
         targets = [self.processes[index].engine_id for index in process_indices]
         with contextlib.suppress(Exception):

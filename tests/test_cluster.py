@@ -77,6 +77,20 @@ def test_an_interrupt_and_a_stack_dump_reach_local_engines_without_a_nanny(clust
     assert 'File "<cell>", line 2' in stacks.get(1, ""), stacks
 
 
+def test_a_signal_never_reaches_another_program_that_got_an_engines_pid():
+    from jaxcluster.contracts import ProcessInfo
+    from jaxcluster.health import Health
+
+    other = subprocess.Popen(["sleep", "30"])  # SIGUSR1 would end it
+    try:
+        gone = ProcessInfo(0, 0, "localhost", other.pid, "127.0.0.1", (0,), "cpu")
+        Health("local", None, [gone]).signal([0], signal.SIGUSR1)
+        assert other.poll() is None
+    finally:
+        other.kill()
+        other.wait()
+
+
 def test_status_shows_a_busy_process(cluster):
     import time
 
