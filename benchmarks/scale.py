@@ -22,13 +22,13 @@ import numpy as np
 import psutil
 from IPython.utils.capture import capture_output
 
-from . import _common
 from ._common import (
     Peak,
     Settings,
     Table,
     Timer,
     first_line,
+    leftover_processes,
     log,
     median,
     ratio,
@@ -161,7 +161,7 @@ def _measure(ip: object, size: Size, settings: Settings, failures: list[str]) ->
         _pull(session, size, reps, DATA_MIB if not settings.quick else 8)
     finally:
         session.__exit__()
-        size.add("left_after_stop", _left_after_stop(session, LEFT_WITHIN))
+        size.add("left_after_stop", _left_after_stop(LEFT_WITHIN))
 
 
 def _floor(session: Session, size: Size, count: int) -> None:
@@ -177,11 +177,11 @@ def _floor(session: Session, size: Size, count: int) -> None:
             size.add(f"floor_{which}", t.seconds)
 
 
-def _left_after_stop(session: Session, within: float) -> int:
+def _left_after_stop(within: float) -> int:
     """How many processes of the clusters started so far (all stopped by now) are still
-    running ``within`` s after ``session`` stopped."""
+    running ``within`` s from now."""
     deadline = time.monotonic() + within
-    while (left := _common.leftover_processes()) and time.monotonic() < deadline:
+    while (left := leftover_processes()) and time.monotonic() < deadline:
         time.sleep(0.5)
     return len(left)
 
