@@ -151,7 +151,7 @@ class LiveOutput:
 def _headed(status: str, items: Sequence[Shown]) -> list[Shown]:
     """``items`` with the status line inside the first, where that one is text; else above."""
     line = Shown(status, html=f"<div class='jc-status-line'>{html.escape(status)}</div>")
-    if items and items[0].bundle is None and items[0].sharding is None:
+    if items and items[0].is_text:
         first = items[0]
         body = first.html or f"<pre>{html.escape(first.text)}</pre>"
         return [Shown(f"{line.text}\n{first.text}", html=line.html + body), *items[1:]]

@@ -85,3 +85,12 @@ def test_gloo_connection_chatter_split_across_messages_is_dropped():
     logs = [log(out("psum: [Gloo] Rank 0 is connected to "), out("7 peer ranks. Expected number "
                 "of connected peer ranks is : 7\n"), out("[28.]\n"))]
     assert shown(logs) == [([0], "psum: [28.]\n")]
+
+
+def test_consecutive_text_is_one_output_and_a_display_its_own():
+    logs = [log(out("a\n"), ("display_data", {"data": WIDGET}), out("b\n")),
+            log(out("a\n"), out("c\n"))]
+    items = cell_outputs(blocks(logs, [0, 1], True), None, [0, 1], True)
+    assert [item.text or item.bundle for item in items] == [
+        "[processes 0-1]\na\n[process 0]", WIDGET, "[process 0]\nb\n[process 1]\nc"]
+    assert items[2].html.count('<div class="jc-stream jc-stdout">') == 2

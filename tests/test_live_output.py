@@ -114,8 +114,25 @@ def test_identical_live_output_is_collapsed_then_splits(kernel):
     # the status line heads the first output while the cell runs, and is gone at the end
     assert any(e.startswith("running: processes 0-1") and e.endswith("\n[processes 0-1]\nsame")
                for e in early), early
-    assert texts(messages) == ["[processes 0-1]\nsame", "[process 0]\nI am 0",
-                               "[process 1]\nI am 1"]
+    # one output: the text of all processes, each group under its label
+    assert texts(messages) == ["[processes 0-1]\nsame\n[process 0]\nI am 0\n[process 1]\nI am 1"]
+
+
+def test_text_that_splits_only_while_the_cell_runs_leaves_no_extra_output(kernel):
+    # process 1 prints its second line 2 s after process 0: meanwhile the live view shows
+    # '[processes 0-1] a' and '[process 0] b', which end as one block
+    code = ("%%spmd\nimport time, jax\nprint('a', flush=True)\n"
+            "if jax.process_index() == 0:\n    print('b', flush=True)\n"
+            "time.sleep(2)\n"
+            "if jax.process_index() == 1:\n    print('b', flush=True)")
+    messages, reply = execute(kernel, code)
+    assert reply["content"]["status"] == "ok"
+    live = [m["content"]["data"]["text/plain"] for _, m in messages
+            if m["msg_type"] in ("display_data", "update_display_data")]
+    assert any(text.endswith("[process 0]\nb") for text in live), live  # the split was shown
+    # every display a cell makes stays in the notebook: the split must not have made one
+    assert sum(m["msg_type"] == "display_data" for _, m in messages) == 1
+    assert texts(messages) == ["[processes 0-1]\na\nb"]
 
 
 def test_a_text_progress_bar_is_one_updating_line(kernel):

@@ -189,6 +189,10 @@ class Shown:
     sharding: dict[str, Any] | None = None
     html: str = ""
 
+    @property
+    def is_text(self) -> bool:
+        return self.bundle is None and self.sharding is None
+
 
 def label_shown(indices: Sequence[int], suffix: str = "") -> Shown:
     """The bold grey label, the same above every kind of output."""
@@ -210,7 +214,10 @@ def cell_outputs(
     collapsed: bool, tail: int | None = None,
 ) -> list[Shown]:
     """A cell's outputs in the order each process produced them (``live.blocks``), each group
-    labelled with its processes; then, once ``processes`` have ended, their values."""
+    labelled with its processes; then, once ``processes`` have ended, their values.
+
+    Consecutive text is one output (see :func:`joined`); each rich output is one of its own.
+    """
     shown: list[Shown] = []
     for block in blocks:
         if block.output is None:
@@ -235,4 +242,22 @@ def cell_outputs(
                 f'{html.escape(ANSI.sub("", value))}</pre></div>')))
         else:
             shown += [label_shown(indices), Shown(bundle=bundle)]
-    return shown
+    return joined(shown)
+
+
+def joined(items: Sequence[Shown]) -> list[Shown]:
+    """``items`` with each run of text outputs made one.
+
+    A running cell shows each output as a display it can update but never take back. Text
+    groups split while processes print at different speeds (``[processes 0-3]`` over the first
+    line, ``[process 0]`` over a second only process 0 has printed yet) and merge again when
+    the others catch up, so as one output each they would leave empty displays behind.
+    """
+    result: list[Shown] = []
+    for item in items:
+        if result and result[-1].is_text and item.is_text:
+            last = result[-1]
+            result[-1] = Shown(f"{last.text}\n{item.text}", html=last.html + item.html)
+        else:
+            result.append(item)
+    return result
