@@ -14,6 +14,7 @@ import ipyparallel as ipp
 import psutil
 
 from jaxcluster import JaxCluster, JaxClusterError
+from jaxcluster.engine.forking import FORK_ARG
 
 from ._common import (
     Settings,
@@ -44,19 +45,25 @@ def _free_port() -> int:
 
 
 def _memory(pids: list[int]) -> dict[str, float]:
-    """RSS of the engines themselves, and of the engines plus their children (the nanny)."""
-    engines, with_children = [], 0.0
+    """PSS (a page shared by k processes counts 1/k in each: forked engines share what their
+    parent imported) of the engines, and of the engines plus the processes beside them: the
+    recipe's nannies, the process ours are forked from."""
+    engines, helpers = [], {}
     for pid in pids:
         proc = psutil.Process(pid)
-        rss = proc.memory_info().rss
-        engines.append(rss)
-        with_children += rss
-        for child in proc.children(recursive=True):
-            try:
-                with_children += child.memory_info().rss
-            except psutil.Error:
-                continue
-    return {"per_engine": median(engines), "engines": sum(engines), "with_children": with_children}
+        engines.append(proc.memory_full_info().pss)
+        beside = proc.children(recursive=True)
+        parent = proc.parent()
+        if parent is not None and any(a.startswith(FORK_ARG) for a in parent.cmdline()):
+            beside.append(parent)
+        for other in beside:
+            with contextlib.suppress(psutil.Error):
+                helpers[other.pid] = other.memory_full_info().pss
+    return {
+        "per_engine": median(engines),
+        "engines": sum(engines),
+        "with_helpers": sum(engines) + sum(helpers.values()),
+    }
 
 
 def _ours_once(failures: list[str]) -> tuple[float, dict[str, float]]:
@@ -152,9 +159,9 @@ def run(settings: Settings) -> Table:
     table.notes += [f"failure: {f}" for f in failures]
 
     for key, what in (
-        ("per_engine", "RSS per engine (median over engines)"),
-        ("engines", f"RSS, sum of {NODES} engines"),
-        ("with_children", f"RSS, sum of {NODES} engines + their children (nanny)"),
+        ("per_engine", "PSS per engine (median over engines)"),
+        ("engines", f"PSS, sum of {NODES} engines"),
+        ("with_helpers", f"PSS, sum of {NODES} engines + nannies / the process they forked from"),
     ):
         o = median([m[key] for m in ours_mem])
         r = median([m[key] for m in recipe_mem])
@@ -169,8 +176,8 @@ def run(settings: Settings) -> Table:
         "Runs interleaved ours, recipe, ours, …; stopping is not timed (engines are SIGKILLed "
         "first in both).",
         f"restart samples {spread(restarts)}.",
-        "RSS measured right after start (JAX initialized), median over runs; the baseline "
-        "column is the recipe's engines.",
+        "PSS (proportional set size) measured right after start (JAX initialized), median "
+        "over runs; the baseline column is the recipe's engines.",
     ]
     return table
 

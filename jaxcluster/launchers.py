@@ -35,6 +35,7 @@ STOP_SECONDS_UNTIL_KILL = 1
 MPIEXEC_SECONDS_UNTIL_KILL = 15
 
 ENGINE_CMD = [sys.executable, "-m", "jaxcluster.engine"]
+LOCAL_ENGINE_SET = "jaxcluster.forked_engines.ForkedEngineSetLauncher"
 
 
 @dataclass
@@ -117,15 +118,17 @@ def plan_launch(request: LaunchRequest) -> LaunchPlan:
 
 
 def _plan_local(request: LaunchRequest) -> LaunchPlan:
+    """Engines forked from one process that imported JAX once (``forked_engines.py``)."""
     config = Config()
-    engine_set = config.LocalEngineSetLauncher
-    engine_set.delay = 0.0
+    engine_set = config.ForkedEngineSetLauncher
     engine_set.stop_seconds_until_kill = STOP_SECONDS_UNTIL_KILL
     # no nanny process beside each engine: it costs a Python start (0.6 s of CPU, 28 MiB) per
     # engine, and what it does for engines elsewhere is done here from their pids (signals:
     # Health.signal; deaths: the process table)
     engine_set.engine_args = ["--IPEngine.enable_nanny=False"]
-    return _plan("local", engine_set, config, request, request.ip or "127.0.0.1")
+    plan = _plan("local", engine_set, config, request, request.ip or "127.0.0.1")
+    plan.engine_launcher = LOCAL_ENGINE_SET
+    return plan
 
 
 def _plan_ssh(request: LaunchRequest) -> LaunchPlan:

@@ -12,7 +12,7 @@ import ipyparallel as ipp
 import psutil
 import pytest
 
-from jaxcluster import ConfigError, JaxCluster, JaxClusterError, NoClusterError
+from jaxcluster import ConfigError, JaxCluster, JaxClusterError, NoClusterError, engine_sets
 from tests.conftest import cluster_processes, wait_until_gone
 
 pytestmark = pytest.mark.cluster
@@ -47,7 +47,8 @@ def test_local_engines_start_lean_and_a_cell_can_still_import_debugpy(cluster):
     # no ipyparallel nanny beside each engine, no debugpy and no notebook-side library at start:
     # each would be a few tenths of a second of CPU per process (issue 17)
     commands = [" ".join(p.cmdline()) for p in cluster_processes(cluster.cluster_id)]
-    assert sum("jaxcluster.engine" in c for c in commands) == 4
+    # the four engines and the one process they were forked from
+    assert sum("jaxcluster.engine" in c for c in commands) == 5
     assert not [c for c in commands if "ipyparallel.engine.nanny" in c]
     result = cluster.run(
         "import sys\n"
@@ -59,6 +60,44 @@ def test_local_engines_start_lean_and_a_cell_can_still_import_debugpy(cluster):
     ).check()
     # and the cells stay in the engine's memory, out of the user's IPython history file
     assert {p.stdout for p in result.processes} == {"[]\ndebugpy\n:memory: True\n"}
+
+
+def test_local_engines_are_forked_from_one_process_that_imported_jax(cluster):
+    # importing JAX and the engine's stack once instead of in every engine (issue 17)
+    engines = [psutil.Process(p.pid) for p in cluster.processes]
+    parents = {engine.ppid() for engine in engines}
+    assert len(parents) == 1
+    forking = psutil.Process(parents.pop())
+    assert "--jaxcluster-fork=4" in forking.cmdline()
+    assert sorted(c.pid for c in forking.children()) == sorted(e.pid for e in engines)
+    # each process draws its own random numbers, as separately started ones did
+    result = cluster.run("import numpy as np, random\nprint(np.random.rand(), random.random())")
+    assert len({p.stdout for p in result.check().processes}) == 4
+
+
+def test_a_forked_engine_that_dies_is_reported_with_its_signal():
+    # not our child: its exit code comes from the process that forked it
+    with JaxCluster(nodes=2, devices_per_node=1, platform="cpu") as cluster:
+        pid = cluster.processes[1].pid
+        psutil.Process(pid).send_signal(signal.SIGKILL)
+        assert wait_until_gone([pid], 10) == []
+        assert cluster.dead_processes() == {1: "died (signal 9)"}
+        ended = engine_sets.exited_engines(cluster.ipp_cluster)
+        assert [(data["pid"], data["exit_code"]) for data, _ in ended] == [(pid, -9)]
+
+
+def test_ending_the_process_that_forked_the_engines_ends_them():
+    # SIGKILL leaves it no time to end its engines: they die with it (PR_SET_PDEATHSIG)
+    cluster = JaxCluster(nodes=2, devices_per_node=1, platform="cpu")
+    cluster.start()
+    try:
+        pids = [p.pid for p in cluster.processes]
+        forking = psutil.Process(pids[0]).ppid()
+        psutil.Process(forking).send_signal(signal.SIGKILL)
+        assert wait_until_gone(pids, 10) == []
+    finally:
+        cluster.stop()
+    assert [p.pid for p in cluster_processes(cluster.cluster_id)] == []
 
 
 def test_an_interrupt_and_a_stack_dump_reach_local_engines_without_a_nanny(cluster):

@@ -8,6 +8,8 @@ import os
 import signal
 import sys
 
+from . import forking
+
 # hosts.HOST_ARG; not imported from there, which would import traitlets before jax
 HOST_ARG = "--jaxcluster-host="
 
@@ -22,10 +24,14 @@ def main() -> None:
 
     ipyparallel's MPI launcher adds ``--mpi``, which makes ipengine import mpi4py for its rank;
     JAX needs no MPI and ``launch_rank`` reads the rank from the environment, so it is dropped.
+
+    With ``--jaxcluster-fork=N`` this process imports all that once and forks N engines
+    (``forking.py``; the local launcher's way).
     """
     _take_host_name()
     if "--mpi" in sys.argv:
         sys.argv.remove("--mpi")
+    fork_count, fork_dir = forking.take_fork_args()
     _dump_stacks_on_sigusr1()
     with contextlib.suppress(Exception):  # see above
         import jax  # noqa: F401
@@ -37,6 +43,11 @@ def main() -> None:
     sys.argv.append("--HistoryManager.hist_file=:memory:")
     from ipyparallel.engine.app import main as engine_main
 
+    if fork_count:
+        import ipyparallel.engine.kernel  # noqa: F401 - what an engine imports as it starts
+
+        forking.fork_engines(fork_count, fork_dir)  # returns in each engine
+        _dump_stacks_on_sigusr1()  # to this engine's own file
     engine_main()
 
 
