@@ -15,9 +15,10 @@ from dataclasses import dataclass, field
 from difflib import SequenceMatcher
 from typing import Any
 
-from .output import bundle_key, clean_stream
+from .output import bundle_key, clean_stream, has_gloo
 
 CR = re.compile(r".*\r(?=[^\n])")  # a \r that is followed by more text rewrites its line
+GLOO_HALF = len("[Gloo] Rank 65535 is connected to ")
 OUTPUT_MESSAGES = frozenset({"stream", "display_data", "update_display_data", "clear_output"})
 
 
@@ -38,6 +39,9 @@ class ProcessLog:
 
     outputs: list[Output] = field(default_factory=list)
     clear_pending: bool = False  # clear_output(wait=True): clear when the next output comes
+    # gloo's chatter is in the text: cleaned at each message until gone. Its halves come in
+    # separate writes, and the second may come only after the cell ended, or never.
+    gloo_pending: bool = False
 
     def apply(self, kind: str, content: dict[str, Any]) -> None:
         if kind == "clear_output":
@@ -64,13 +68,24 @@ class ProcessLog:
             last.text += text
             if "\r" in text:
                 last.text = CR.sub("", last.text)
-            if "peer ranks is" in text:  # a gloo message ended: the runtime's chatter, not output
-                last.text = clean_stream(last.text)
+            if has_gloo(text):
+                self.gloo_pending = True
+            if self.gloo_pending:
+                self._drop_gloo()
         elif kind == "display_data":
             self.outputs.append(Output(
                 data=content.get("data"), metadata=content.get("metadata"),
                 display_id=(content.get("transient") or {}).get("display_id"),
             ))
+
+
+    def _drop_gloo(self) -> None:
+        self.gloo_pending = False
+        for out in self.outputs:
+            if out.data is None and has_gloo(out.text):
+                out.text = clean_stream(out.text)
+                # what is left unmatched at the end may be a message's first half in pieces
+                self.gloo_pending |= "[Gloo]" in out.text[-GLOO_HALF:]
 
 
 class Relay:

@@ -45,7 +45,12 @@ def _drop_gloo(match: re.Match) -> str:
 
 
 def clean_stream(text: str) -> str:
-    return GLOO_RUN.sub(_drop_gloo, text) if "[Gloo]" in text else text
+    return GLOO_RUN.sub(_drop_gloo, text) if has_gloo(text) else text
+
+
+def has_gloo(text: str) -> bool:
+    """Whether ``text`` holds gloo's chatter (either half of a message: they come apart)."""
+    return "[Gloo]" in text or "peer ranks is" in text
 
 
 def parse_process_spec(spec: str, count: int) -> list[int]:
