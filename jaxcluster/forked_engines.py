@@ -90,7 +90,9 @@ class ForkedEngineSetLauncher(LocalEngineSetLauncher):
                 code = (forking.stop_data or {}).get("exit_code")
                 raise RuntimeError(
                     f"the process that imports JAX and forks the engines exited (exit code "
-                    f"{code}) before it forked them. Its output:\n{forking.get_output()}"
+                    f"{code}) before it forked them: the engines' Python environment "
+                    "(engine_env, PYTHONPATH) cannot import what an engine needs. Its output "
+                    f"names what failed:\n{forking.get_output()}"
                 )
             await asyncio.sleep(PIDS_POLL_SECONDS)
         with open(path) as f:

@@ -190,6 +190,21 @@ def test_engine_that_cannot_import_jax_fails_start_cleanly(tmp_path):
     _assert_nothing_left(cluster)
 
 
+def test_a_broken_engine_stack_fails_start_with_its_traceback_before_any_engine(tmp_path):
+    # the process that would fork the engines cannot import ipykernel: no engine ever runs
+    broken = tmp_path / "ipykernel"
+    broken.mkdir()
+    (broken / "__init__.py").write_text("raise ImportError('ipykernel is broken (test)')\n")
+    cluster = JaxCluster(nodes=2, engine_env={"PYTHONPATH": str(tmp_path)}, timeout=60)
+    with pytest.raises(JaxClusterError) as info:
+        cluster.start()
+    message = str(info.value)
+    assert message.startswith("Could not start the engines: the process that imports JAX and "
+                              "forks the engines exited (exit code 1) before it forked them")
+    assert "ImportError: ipykernel is broken (test)" in message
+    _assert_nothing_left(cluster)
+
+
 def test_initialize_failure_names_processes_and_quotes_the_engine(tmp_path):
     # No GPU here: JAX on the engines fails to create the CUDA backend.
     cluster = JaxCluster(nodes=2, platform="cuda", timeout=60)
