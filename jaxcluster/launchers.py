@@ -1,6 +1,8 @@
 """How ``--launcher NAME`` maps onto ipyparallel's own launchers and the engines' environment.
 
-We never start processes ourselves: ipyparallel's launchers do, configured here.
+We never start processes ourselves: ipyparallel's launchers do, configured here. (Local
+engines are forked by one engine process that ipyparallel's local launcher starts: see
+``forked_engines.py``.)
 """
 
 from __future__ import annotations
