@@ -177,32 +177,31 @@ def _assert_nothing_left(cluster: JaxCluster) -> None:
     assert wait_until_gone([p.pid for p in leftovers], 10) == []
 
 
-def test_engine_that_cannot_import_jax_fails_start_cleanly(tmp_path):
-    broken = tmp_path / "jax"
+def _start_failure_with_broken(module: str, tmp_path) -> str:
+    """Why a start fails whose engines' PYTHONPATH shadows ``module`` with one that raises;
+    nothing of that start may be left running."""
+    broken = tmp_path / module
     broken.mkdir()
-    (broken / "__init__.py").write_text("raise ImportError('jax is broken on this host (test)')\n")
+    (broken / "__init__.py").write_text(f"raise ImportError('{module} is broken (test)')\n")
     cluster = JaxCluster(nodes=2, engine_env={"PYTHONPATH": str(tmp_path)}, timeout=60)
     with pytest.raises(JaxClusterError) as info:
         cluster.start()
-    message = str(info.value)
-    assert "processes 0-1" in message
-    assert "ImportError: jax is broken on this host (test)" in message
     _assert_nothing_left(cluster)
+    return str(info.value)
+
+
+def test_engine_that_cannot_import_jax_fails_start_cleanly(tmp_path):
+    message = _start_failure_with_broken("jax", tmp_path)
+    assert "processes 0-1" in message
+    assert "ImportError: jax is broken (test)" in message
 
 
 def test_a_broken_engine_stack_fails_start_with_its_traceback_before_any_engine(tmp_path):
     # the process that would fork the engines cannot import ipykernel: no engine ever runs
-    broken = tmp_path / "ipykernel"
-    broken.mkdir()
-    (broken / "__init__.py").write_text("raise ImportError('ipykernel is broken (test)')\n")
-    cluster = JaxCluster(nodes=2, engine_env={"PYTHONPATH": str(tmp_path)}, timeout=60)
-    with pytest.raises(JaxClusterError) as info:
-        cluster.start()
-    message = str(info.value)
+    message = _start_failure_with_broken("ipykernel", tmp_path)
     assert message.startswith("Could not start the engines: the process that imports JAX and "
                               "forks the engines exited (exit code 1) before it forked them")
     assert "ImportError: ipykernel is broken (test)" in message
-    _assert_nothing_left(cluster)
 
 
 def test_initialize_failure_names_processes_and_quotes_the_engine(tmp_path):
