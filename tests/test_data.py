@@ -241,6 +241,34 @@ def test_a_push_that_fails_on_one_process_assigns_nothing(ready):
     )):
         ready.push("kept", FailsOnProcess2())
     assert on_engines(ready, "kept") == ["'old'"] * 4
+    with pytest.raises(JaxClusterError, match=r"nothing was assigned"):
+        ready.push("never_defined", FailsOnProcess2())
+    assert on_engines(ready, "'never_defined' in globals()") == ["False"] * 4
+
+
+def test_a_pushed_value_frees_the_one_it_replaced(ready):
+    """The processes keep the replaced value only until the push has succeeded everywhere."""
+    spmd(ready, "import weakref\nclass Old: pass\nreplaced = Old()\n"
+                "old_ref = weakref.ref(replaced)")
+    ready.push("replaced", np.arange(3))
+    assert on_engines(ready, "(old_ref() is None, replaced.tolist())") == ["(True, [0, 1, 2])"] * 4
+
+
+def test_a_push_across_hosts_assigns_everywhere_or_puts_every_old_value_back(ready):
+    """Process 2 acts as if on another host (it cannot see the /dev/shm file): the others
+    assign at once, it stages and commits; its failure takes theirs back."""
+    spmd(ready, "import jaxcluster.engine.data as _d\n_sees_files = _d.stage_file\n"
+                "if jax.process_index() == 2:\n    _d.stage_file = lambda *args: False\n"
+                "kept = 'old'")
+    try:
+        transfer = ready.push("everywhere", np.arange(3))
+        assert transfer.shared_memory == {0, 1, 3}
+        assert on_engines(ready, "everywhere.tolist()") == ["[0, 1, 2]"] * 4
+        with pytest.raises(JaxClusterError, match=r"process 2: ZeroDivisionError"):
+            ready.push("kept", FailsOnProcess2())
+        assert on_engines(ready, "kept") == ["'old'"] * 4
+    finally:
+        spmd(ready, "_d.stage_file = _sees_files")
 
 
 @pytest.mark.parametrize("mesh, spec, expected", [

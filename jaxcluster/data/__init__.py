@@ -5,7 +5,9 @@ and other pytrees) arrives as one NumPy array assembled from the processes' shar
 distinct shard sent once, by the lowest process that holds it; everything else comes from one
 process (or from each). Push: a value from here appears on every process; with a
 ``MeshSharding``, as a global jax.Array for which each process receives only the slices its
-devices hold. A push is staged on every process and assigned only once all of them have it.
+devices hold. A push assigns on every process or on none: processes that map the value's
+/dev/shm file assign it at once and put the old value back if any process failed; the others
+stage it and assign once all of them have it.
 Both return a ``Transfer``: what moved, and for a pull the value.
 
 Engines on this host write and read through files in /dev/shm, once, in parallel; others send

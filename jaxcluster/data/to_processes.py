@@ -96,20 +96,25 @@ def _push_value(cluster: ClusterHandle, name: str, value: Any, shared_memory: bo
         shared = _write_file(files, payload, raws)
         local: set[int] = set()
         if shared is not None:
-            replies, errors = _on(cluster, everyone, (engine.stage_file, token, *shared))
+            # one round trip, not two: the processes that map the file assign at once and
+            # keep what they replaced; a failure anywhere has them put it back (release)
+            replies, errors = _on(cluster, everyone, (engine.assign_file, token, name, *shared))
             _check(errors, what)
             local = {p for p, found in replies.items() if found}
         others = [p for p in everyone if p not in local]
         if others:
             _check(_on(cluster, others, (engine.stage_value, token, payload, *raws))[1], what)
-        _check(_on(cluster, everyone, (engine.commit, token, name))[1],
-               f"assign {name!r} (other processes may have the new value)")
+            _check(_on(cluster, others, (engine.commit, token, name))[1],
+                   f"assign {name!r} (other processes may have the new value)")
     except BaseException:
         with contextlib.suppress(Exception):  # the first error is the one to report
             _on(cluster, everyone, (engine.release, token), CLEANUP_SECONDS)
         raise
     finally:
         files.close()  # the processes' mappings outlive the file
+    if local:  # not waited for: each process drops the replaced value before its next cell
+        cluster.client[[cluster.processes[p].engine_id for p in sorted(local)]].apply_async(
+            engine.settle, token)
     for p in everyone:
         transfer.add(p, len(payload) + sum(r.nbytes for r in raws))
     transfer.shared_memory = local

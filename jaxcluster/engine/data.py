@@ -1,7 +1,9 @@
 """The engine side of pull and push (see ``jaxcluster.data``): runs inside each JAX process.
 
 One pull or push is a few calls that share a token; what a call leaves for the next one is held
-in ``_held[token]`` until ``release(token)`` or ``commit(token, name)``. Data goes either through
+in ``_held[token]`` until ``release(token)`` or ``commit(token, name)``. A push that assigns at
+once (``assign_file``) keeps what the name held in ``_replaced[token]``, which ``release`` puts
+back and ``settle`` forgets. Data goes either through
 ipyparallel's zero-copy buffers or, for engines on the notebook's host, through files the
 notebook made in /dev/shm (``path`` arguments). Imported by the notebook too, for the helpers.
 """
@@ -21,6 +23,9 @@ from ..layout import shard_key
 
 # token -> a pull's arrays (list), a push's received shards (dict) or its finished value
 _held: dict[str, Any] = {}
+# token -> (name, what it held before a push assigned it, or _UNSET)
+_replaced: dict[str, tuple[str, Any]] = {}
+_UNSET = object()
 
 Key = tuple[tuple[int, int], ...]
 
@@ -156,7 +161,21 @@ def read_piece(token: str, k: int, key: Key, start: int, stop: int) -> np.ndarra
 
 
 def release(token: str) -> None:
+    """Forget what a transfer holds here; a value ``assign_file`` assigned is taken back."""
     _held.pop(token, None)
+    replaced = _replaced.pop(token, None)
+    if replaced is None:
+        return
+    name, before = replaced
+    if before is _UNSET:
+        _namespace().pop(name, None)
+    else:
+        _namespace()[name] = before
+
+
+def settle(token: str) -> None:
+    """The push ``token`` assigned everywhere: forget the value it replaced here."""
+    _replaced.pop(token, None)
 
 
 # -- push ----------------------------------------------------------------------------------
@@ -241,3 +260,13 @@ def stage_file(token: str, path: str, payload: Span, buffers: list[Span]) -> boo
 
 def commit(token: str, name: str) -> None:
     _namespace()[name] = _held.pop(token)
+
+
+def assign_file(token: str, name: str, path: str, payload: Span, buffers: list[Span]) -> bool:
+    """``stage_file`` and ``commit`` in one call, keeping what ``name`` held until ``settle``
+    (or ``release``, which puts it back); whether this process sees the file."""
+    if not stage_file(token, path, payload, buffers):
+        return False
+    _replaced[token] = (name, _namespace().get(name, _UNSET))
+    commit(token, name)
+    return True
