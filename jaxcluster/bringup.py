@@ -16,7 +16,7 @@ import os
 import subprocess
 import time
 import weakref
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Protocol
 
 import ipyparallel as ipp
@@ -104,16 +104,17 @@ def remaining(deadline: float, options: ClusterOptions, what: str) -> float:
     """Seconds left before ``deadline``, or a ``JaxClusterError`` saying the start ran out."""
     left = deadline - time.monotonic()
     if left <= 0:
-        raise JaxClusterError(
-            f"Could not {what}: the start took longer than --timeout {options.timeout:g} s. "
-            "The machine may be overloaded; raise --timeout or lower --nodes."
-        )
+        raise overdue(options, what)
     return left
 
 
-def within(options: ClusterOptions, deadline: float, what: str) -> ClusterOptions:
-    """``options`` whose timeout is what is left of the start, for the steps that take one."""
-    return replace(options, timeout=remaining(deadline, options, what))
+def overdue(options: ClusterOptions, what: str, detail: str = "") -> JaxClusterError:
+    """The error of a start that ran out of time while it tried ``what``."""
+    return JaxClusterError(
+        f"Could not {what}: the start took longer than --timeout {options.timeout:g} s. "
+        "The machine may be overloaded; raise --timeout or lower --nodes."
+        + (f"\n{detail}" if detail else "")
+    )
 
 
 def start_controller(

@@ -17,7 +17,7 @@ import ipyparallel as ipp
 
 from . import attach, bringup, distributed, queries, recovery
 from .contracts import ProcessInfo, ProcessStatus, Progress
-from .errors import ConfigError, NoClusterError
+from .errors import ConfigError, JaxClusterError, NoClusterError
 from .event_loop import LoopThread
 from .health import Health
 from .options import ATTACHED, PLATFORMS, ClusterOptions, OptionAttribute, positive_int
@@ -359,12 +359,19 @@ class JaxCluster:
         launched = self._launched
         assert launched is not None and launched.client is not None
         engine_ids = bringup.start_engines(launched, self.options, self._loop, progress, deadline)
-        options = bringup.within(self.options, deadline, "initialize jax.distributed")
-        self._take(
-            distributed.initialize(
-                launched.client, engine_ids, options, launched.controller_ip, progress
+        what = "initialize jax.distributed"
+        bringup.remaining(deadline, self.options, what)  # raises once the start ran out
+        try:
+            job = distributed.initialize(
+                launched.client, engine_ids, self.options, launched.controller_ip, progress,
+                deadline,
             )
-        )
+        except JaxClusterError as e:
+            if time.monotonic() < deadline:
+                raise
+            # gather's per-process lines say where each process was
+            raise bringup.overdue(self.options, what, str(e).partition("\n")[2] or str(e)) from None
+        self._take(job)
 
     def _take(self, job: distributed.JaxProcesses) -> None:
         assert self._client is not None

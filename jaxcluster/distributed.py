@@ -7,7 +7,8 @@ Also the ``connect`` case: engines that initialized JAX themselves are adopted a
 from __future__ import annotations
 
 import errno
-from dataclasses import dataclass, field
+import time
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import ipyparallel as ipp
@@ -15,7 +16,7 @@ import ipyparallel as ipp
 from .contracts import ProcessInfo, Progress
 from .engine import process as _engine
 from .errors import JaxClusterError, engine_error_message
-from .gather import gather
+from .gather import MARGIN_SECONDS, gather
 from .hosts import split_host_port
 from .launchers import gpu_device_ids
 from .options import DEFAULT_CPU_DEVICES, ClusterOptions
@@ -37,22 +38,36 @@ def initialize(
     options: ClusterOptions,
     controller_ip: str | None,
     progress: Progress | None = None,
+    deadline: float | None = None,
 ) -> JaxProcesses:
-    """``jax.distributed`` on these engines at once; process indices follow launch ranks."""
-    identities = engine_identities(client, engine_ids, controller_ip, options.timeout)
+    """``jax.distributed`` on these engines at once; process indices follow launch ranks.
+
+    ``deadline`` (``time.monotonic()``): a start's, which every step here ends by, JAX's own
+    start-up timeout included. Without one each step may take ``options.timeout``, and a
+    margin more for JAX to report its own timeout.
+    """
+
+    def left() -> ClusterOptions:  # options whose timeout is what the deadline leaves
+        if deadline is None:
+            return options
+        return replace(options, timeout=max(deadline - time.monotonic(), 0.001))
+
+    margin = MARGIN_SECONDS if deadline is None else 0
+    identities = engine_identities(client, engine_ids, controller_ip, left().timeout, margin)
     engine_ids = launch_order(engine_ids, identities)
     if options.hosts:
         # each host's processes get consecutive indices, hosts in --hosts order
         engine_ids.sort(key=lambda eid: options.hosts.index(identities[eid]["host"]))
-    coordinator = coordinator_address(client, engine_ids[0], identities[engine_ids[0]], options)
+    coordinator = coordinator_address(client, engine_ids[0], identities[engine_ids[0]], left())
     gpus = gpu_assignment(engine_ids, identities, options)
+    timeout = left().timeout
     pending = {
         eid: client[eid].apply_async(
             _engine.initialize,
             coordinator,
             len(engine_ids),
             index,
-            options.timeout,
+            timeout,
             # local: everything on loopback, gloo too (it would take the host name's address)
             "127.0.0.1" if options.launcher == "local" else identities[eid]["address"],
             # --coordinator may name an address that is not process 0's own (NAT)
@@ -62,8 +77,8 @@ def initialize(
         for index, eid in enumerate(engine_ids)
     }
     results = gather(
-        pending, engine_ids, "initialize jax.distributed", options.timeout, progress,
-        "JAX initialized",
+        pending, engine_ids, "initialize jax.distributed", timeout, progress,
+        "JAX initialized", margin,
     )
     return _job(engine_ids, identities, results, options, coordinator)
 
@@ -105,7 +120,11 @@ def adopt(
 
 
 def engine_identities(
-    client: ipp.Client, engine_ids: list[int], controller_ip: str | None, timeout: float
+    client: ipp.Client,
+    engine_ids: list[int],
+    controller_ip: str | None,
+    timeout: float,
+    margin: float = MARGIN_SECONDS,
 ) -> dict[int, dict]:
     """engine id -> ``engine.process.identity()`` there."""
     return gather(
@@ -113,6 +132,7 @@ def engine_identities(
         engine_ids,
         "report where it runs",
         timeout,
+        margin=margin,
     )
 
 

@@ -30,14 +30,16 @@ def gather(
     timeout: float,
     progress: Progress | None = None,
     stage: str = "",
+    margin: float = MARGIN_SECONDS,
 ) -> dict[int, Any]:
-    """engine id -> result of ``pending[engine id]``; ``engine_ids`` in process order.
+    """engine id -> result of ``pending[engine id]``; ``engine_ids`` in process order. Waits
+    ``timeout`` and ``margin`` more (0 where a deadline allows none).
 
     Raises ``JaxClusterError`` "Could not WHAT on processes ..." with each one's error.
     """
     index_of = {eid: i for i, eid in enumerate(engine_ids)}
     eid_of = {id(ar): eid for eid, ar in pending.items()}
-    deadline = time.monotonic() + timeout + MARGIN_SECONDS
+    deadline = time.monotonic() + timeout + margin
     results: dict[int, Any] = {}
     errors: dict[int, str] = {}
     waiting: set[Any] = set(pending.values())
@@ -96,5 +98,5 @@ def _report(
     if stuck and errors:
         lines.append(f"  {process_label(stuck)}: still waiting for the failed processes")
     elif stuck:
-        lines.append(f"  {process_label(stuck)}: did not finish within {timeout:g} s")
+        lines.append(f"  {process_label(stuck)}: did not finish within {round(timeout, 2):g} s")
     return lines

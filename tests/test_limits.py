@@ -79,6 +79,42 @@ def test_timeout_bounds_the_whole_start_and_a_failed_start_leaves_nothing() -> N
     assert took < 3 + 1.5, f"a start with --timeout 3 came back after {took:.1f} s"
 
 
+# on the engines' PYTHONPATH: jax.distributed.initialize waits a minute first (a coordinator
+# that does not answer looks like this)
+STUCK_INITIALIZE = textwrap.dedent(
+    """
+    import time
+    import jax.distributed
+
+    _initialize = jax.distributed.initialize
+
+    def initialize(*args, **kwargs):
+        time.sleep(60)
+        return _initialize(*args, **kwargs)
+
+    jax.distributed.initialize = initialize
+    """
+)
+
+
+def test_a_start_stuck_initializing_jax_ends_at_its_timeout(tmp_path) -> None:
+    """The deadline holds past registration: JAX's own start-up gets no time beyond it."""
+    (tmp_path / "sitecustomize.py").write_text(STUCK_INITIALIZE)
+    cluster = JaxCluster(nodes=2, devices_per_node=1, platform="cpu", timeout=8,
+                         engine_env={"PYTHONPATH": str(tmp_path)})
+    began = time.monotonic()
+    with pytest.raises(JaxClusterError) as info:
+        cluster.start()
+    took = time.monotonic() - began
+    message = str(info.value)
+    assert message.startswith("Could not initialize jax.distributed: the start took longer "
+                              "than --timeout 8 s."), message
+    assert "raise --timeout" in message
+    assert took < 8 + 1.5, f"a start with --timeout 8 came back after {took:.1f} s"
+    assert wait_until_gone([p.pid for p in cluster_processes(cluster.cluster_id)],
+                           GONE_SECONDS) == []
+
+
 CHILD = textwrap.dedent(
     f"""
     from jaxcluster import JaxCluster
