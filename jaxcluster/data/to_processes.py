@@ -113,8 +113,7 @@ def _push_value(cluster: ClusterHandle, name: str, value: Any, shared_memory: bo
     finally:
         files.close()  # the processes' mappings outlive the file
     if local:  # not waited for: each process drops the replaced value before its next cell
-        cluster.client[[cluster.processes[p].engine_id for p in sorted(local)]].apply_async(
-            engine.settle, token)
+        _send(cluster, sorted(local), (engine.settle, token))
     for p in everyone:
         transfer.add(p, len(payload) + sum(r.nbytes for r in raws))
     transfer.shared_memory = local
@@ -144,8 +143,7 @@ def _on(
     """One call on each of ``processes`` at once: (replies, errors) by process index; one that
     does not answer within ``timeout`` (default: the cluster's) fails."""
     timeout = cluster.timeout if timeout is None else timeout
-    engines = [cluster.processes[p].engine_id for p in processes]
-    ar = cluster.client[engines].apply_async(*request)
+    ar = _send(cluster, processes, request)
     if ar.wait(timeout):
         answers = dict(zip(processes, ar.get(0, return_exceptions=True), strict=True))
     else:  # those that answered, one AsyncResult each
@@ -166,6 +164,12 @@ def _on(
     if done:
         cluster.client.purge_local_results(jobs=done)  # the replies, and what they hold
     return replies, errors
+
+
+def _send(cluster: ClusterHandle, processes: list[int], request: tuple[Any, ...]) -> Any:
+    """``request`` (a function and its arguments) to each of ``processes``; the AsyncResult."""
+    return cluster.client[[cluster.processes[p].engine_id for p in processes]].apply_async(
+        *request)
 
 
 def _check(errors: dict[int, str], what: str) -> None:
