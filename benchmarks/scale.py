@@ -51,6 +51,10 @@ BOUND_TARGET = 1.3  # start → ready against the import bound, at BIG
 PULL_TARGET = 0.5  # at least 2× faster than the recipe
 PUSH_GROWTH_TARGET = 2.0  # push to the largest size within 2× the push to 4
 LEFT_WITHIN = 30.0  # s after a stop by which nothing of the cluster may run
+# push and pull pairs: a transfer's time moves with the kernel's page allocation for its
+# /dev/shm file (20 to 200 ms for 64 MiB here), so a median of 3 moved by more than 10%
+TRANSFER_REPS = 7
+QUIET_BELOW = 0.25  # of all cores: 64 idle processes and their controller use about 0.1
 
 SETUP = """
 import numpy as np
@@ -157,8 +161,9 @@ def _measure(ip: object, size: Size, settings: Settings, failures: list[str]) ->
         _floor(session, size, settings.pairs)
         _print_cells(session, size, reps)
         _psum_cells(session, size, reps)
-        _push(session, size, reps, DATA_MIB if not settings.quick else 8)
-        _pull(session, size, reps, DATA_MIB if not settings.quick else 8)
+        transfers = reps if settings.quick else max(reps, TRANSFER_REPS)
+        _push(session, size, transfers, DATA_MIB if not settings.quick else 8)
+        _pull(session, size, transfers, DATA_MIB if not settings.quick else 8)
     finally:
         session.__exit__()
         size.add("left_after_stop", _left_after_stop(LEFT_WITHIN))
@@ -260,11 +265,13 @@ def _push(session: Session, size: Size, reps: int, data_mib: int) -> None:
         "ours": lambda: session.ip.run_line_magic("spmd_push", "blob"),
         "ipp": lambda: session.px_view.push({"blob": blob}, block=True),
     }
-    for i in range(reps):
+    for i in range(-1, reps):  # -1: a warm-up of ours, not timed
         for which in _order(("ours", "ipp"), i, _fits(size, blob.nbytes, "DirectView.push")):
+            _quiet()
             with capture_output(), Timer() as t:
                 steps[which]()
-            size.add(f"push_{which}", t.seconds)
+            if i >= 0:
+                size.add(f"push_{which}", t.seconds)
             arrived = session.cluster.run(check).check()
             assert {p.stdout.strip() for p in arrived.processes} == {"True"}, which
             session.cluster.run("del blob").check()
@@ -292,6 +299,7 @@ def _pull(session: Session, size: Size, reps: int, data_mib: int) -> None:
         # the recipe holds the whole array on every process, and more while gathering it
         fits = _fits(size, 3 * rows * COLUMNS * 4, "the process_allgather recipe")
         for which in _order(("ours", "recipe"), i, fits):
+            _quiet()
             with capture_output(), Timer() as t:
                 value = steps[which]()
                 value.reshape(-1)[:: 4096 // value.itemsize].sum()  # in this process's memory
@@ -304,10 +312,20 @@ def _pull(session: Session, size: Size, reps: int, data_mib: int) -> None:
     log(f"{size.nodes} proc: pull ours {size.median('pull_ours'):.2f} s")
 
 
+def _quiet(below: float = QUIET_BELOW, within: float = 10.0) -> None:
+    """Wait (at most ``within`` s) until the machine's CPU use falls ``below`` a fraction: a
+    transfer is not timed while the controller still digests the one before (after
+    ``DirectView.push`` of 64 MiB to 64 processes it keeps 1.3 cores busy for about a
+    second)."""
+    deadline = time.monotonic() + within
+    while psutil.cpu_percent(interval=0.2) / 100 >= below and time.monotonic() < deadline:
+        pass
+
+
 def _order(pair: tuple[str, str], i: int, baseline: bool) -> tuple[str, ...]:
     """Ours and the baseline, flipped every other time; ours alone when the baseline does not
-    fit in memory."""
-    if not baseline:
+    fit in memory, and for a warm-up (``i`` < 0)."""
+    if not baseline or i < 0:
         return pair[:1]
     return pair if i % 2 == 0 else pair[::-1]
 
@@ -368,9 +386,10 @@ def _rows(table: Table, size: Size, bound: float, settings: Settings) -> None:
                   seconds(size.median("psum_first")))
     pair(f"a new `psum` program: compile + run (median of {reps})", "psum_spmd", "psum_px")
     data_mib = 8 if settings.quick else DATA_MIB
-    pair(f"push {data_mib} MiB to every process (median of {reps}; baseline: "
+    pushes, pulls = len(got.get("push_ours", [])), len(got.get("pull_ours", []))
+    pair(f"push {data_mib} MiB to every process (median of {pushes}; baseline: "
          "DirectView.push)", "push_ours", "push_ipp")
-    pair(f"pull {data_mib} MiB sharded over all devices (median of {reps}; baseline: "
+    pair(f"pull {data_mib} MiB sharded over all devices (median of {pulls}; baseline: "
          "process_allgather + pull)", "pull_ours", "pull_recipe", PULL_TARGET)
     if "left_after_stop" in got:
         left = int(got["left_after_stop"][-1])

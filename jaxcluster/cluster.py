@@ -20,6 +20,7 @@ from .contracts import ProcessInfo, ProcessStatus, Progress
 from .errors import ConfigError, JaxClusterError, NoClusterError
 from .event_loop import LoopThread
 from .health import Health
+from .inboxes import Inboxes
 from .options import ATTACHED, PLATFORMS, ClusterOptions, OptionAttribute, positive_int
 
 __all__ = ["PLATFORMS", "JaxCluster"]  # PLATFORMS: read from here by the magics
@@ -61,6 +62,8 @@ class JaxCluster:
         self._view: ipp.DirectView | None = None
         self._stack_files: dict[int, str] = {}
         self._stack_dir: str | None = None
+        # the processes on this host, for calls that skip ipyparallel's round trip (push)
+        self.inboxes = Inboxes()
         self._loop = LoopThread()
         # cells run with setup=True, replayed in order after every restart
         self.setup_cells: list[str] = []
@@ -189,6 +192,7 @@ class JaxCluster:
         self._view = None
         self.processes = []
         self._stack_files = {}
+        self.inboxes.close()
         if launched is not None:
             bringup.shut_down(launched, self.options, self._loop)
         elif client is not None:
@@ -378,6 +382,8 @@ class JaxCluster:
         self.processes = job.processes
         self.coordinator = job.coordinator
         self._stack_files = job.stack_files
+        self.inboxes.close()
+        self.inboxes = Inboxes(job.stack_files)
         self._view = self._client[self.engine_ids]
         self._view.block = False
 

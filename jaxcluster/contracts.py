@@ -9,7 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from .inboxes import Inboxes
 
 # progress(stage, done, total): stage is "engines registered" or "JAX initialized"
 Progress = Callable[[str, int, int], None]
@@ -38,6 +41,7 @@ class ClusterHandle(Protocol):
 
     processes: list[ProcessInfo]
     timeout: float
+    inboxes: Inboxes  # the processes on this host, reached without ipyparallel (push)
 
     @property
     def client(self) -> Any: ...  # ipyparallel.Client

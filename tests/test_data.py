@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+import time
 
 import numpy as np
 import pytest
@@ -11,6 +12,7 @@ from IPython.core.error import UsageError
 
 from jaxcluster import ConfigError, JaxClusterError, MeshSharding, data
 from jaxcluster.data import session, shared_files
+from jaxcluster.engine import inbox
 from tests.conftest import magics_shell
 
 pytestmark = pytest.mark.cluster
@@ -247,7 +249,8 @@ def test_a_push_that_fails_on_one_process_assigns_nothing(ready):
 
 
 def test_a_pushed_value_frees_the_one_it_replaced(ready):
-    """The processes keep the replaced value only until the push has succeeded everywhere."""
+    """The processes keep the replaced value only until the push has succeeded everywhere:
+    their next cell or push forgets it."""
     spmd(ready, "import weakref\nclass Old: pass\nreplaced = Old()\n"
                 "old_ref = weakref.ref(replaced)")
     ready.push("replaced", np.arange(3))
@@ -269,6 +272,63 @@ def test_a_push_across_hosts_assigns_everywhere_or_puts_every_old_value_back(rea
         assert on_engines(ready, "kept") == ["'old'"] * 4
     finally:
         spmd(ready, "_d.stage_file = _sees_files")
+
+
+def test_a_push_on_this_host_goes_through_the_inboxes_not_ipyparallel(ready):
+    """Every process here maps the value's file and is told so through its inbox: the push
+    sends ipyparallel nothing."""
+    sent_before = len(ready.client.history)
+    transfer = ready.push("through_inboxes", np.arange(5))
+    assert len(ready.client.history) == sent_before
+    assert transfer.shared_memory == {0, 1, 2, 3}
+    assert on_engines(ready, "through_inboxes.tolist()") == ["[0, 1, 2, 3, 4]"] * 4
+
+
+def test_a_process_whose_inbox_is_gone_gets_the_push_through_ipyparallel(ready):
+    """Process 1's inbox cannot be reached (its socket file moved away): it is sent the same
+    call through ipyparallel, and still maps the file."""
+    path = inbox.path_for(ready._stack_files[1])
+    os.rename(path, path + ".moved")
+    ready.inboxes.close()  # what the notebook had connected stays connected otherwise
+    try:
+        sent_before = len(ready.client.history)
+        transfer = ready.push("around_inbox", np.arange(4))
+        assert len(ready.client.history) == sent_before + 1  # the assign, on process 1
+        assert transfer.shared_memory == {0, 1, 2, 3}
+        assert on_engines(ready, "around_inbox.tolist()") == ["[0, 1, 2, 3]"] * 4
+    finally:
+        os.rename(path + ".moved", path)
+
+
+def test_a_value_of_thousands_of_arrays_is_announced_through_ipyparallel(ready):
+    """Too many buffers to name in one inbox message: the same call goes through ipyparallel,
+    and the processes still map the file."""
+    leaves = [np.full(3, i) for i in range(6000)]
+    sent_before = len(ready.client.history)
+    transfer = ready.push("leaves", leaves)
+    assert len(ready.client.history) == sent_before + 4  # the assign, on each process
+    assert transfer.shared_memory == {0, 1, 2, 3}
+    assert on_engines(ready, "len(leaves), leaves[5999].tolist()") == [
+        "(6000, [5999, 5999, 5999])"] * 4
+
+
+def test_a_push_waits_for_the_cell_running_on_a_process(ready, tmp_path):
+    """An inbox is served between requests, never beside a cell: a push sent while process 3
+    sleeps in a cell assigns after that cell, which still saw the old value."""
+    spmd(ready, "during = 'before'")
+    started = tmp_path / "started"
+    running = ready.client[ready.engine_ids[3]].execute(
+        f"import time\nopen({str(started)!r}, 'w').close()\ntime.sleep(1.5)\n"
+        "seen_in_cell = during")
+    deadline = time.monotonic() + 30
+    while not started.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    began = time.monotonic()
+    ready.push("during", "pushed")
+    assert time.monotonic() - began >= 1.0
+    running.get(timeout=30)
+    assert on_engines(ready, "during")[3] == "'pushed'"
+    assert ready.client[ready.engine_ids[3]].pull("seen_in_cell", block=True) == "before"
 
 
 @pytest.mark.parametrize("mesh, spec, expected", [

@@ -16,6 +16,7 @@ import zmq
 from jupyter_client.session import Session
 
 from jaxcluster import JaxCluster
+from jaxcluster.engine import inbox
 from tests.conftest import stopped_at_the_end
 
 pytestmark = pytest.mark.cluster
@@ -106,6 +107,22 @@ def test_local_engines_coordinator_and_transfers_are_on_loopback_and_no_nanny(cl
     # local engines run without ipyparallel's nanny, so it listens nowhere
     engines = {p.pid for p in cluster.processes}
     assert all(p.ppid() not in engines for p in psutil.process_iter())
+
+
+def test_local_engines_inboxes_are_unix_sockets_only_their_owner_reaches(cluster):
+    """Each engine's inbox (push's way in on this host) is its only Unix socket that listens,
+    in the cluster's directory that only its owner can enter."""
+    for proc in cluster.processes:
+        listening = {
+            c.laddr for c in psutil.Process(proc.pid).net_connections(kind="unix")
+            if c.laddr and c.status in ("LISTEN", psutil.CONN_NONE)
+        }
+        path = inbox.path_for(cluster._stack_files[proc.process_index])
+        assert path in listening, listening
+        assert {p for p in listening if not p.startswith("@")} == {path}  # "@": abstract
+        assert stat.S_ISSOCK(os.stat(path).st_mode)
+        assert _mode(os.path.dirname(path)) == 0o700
+        assert os.stat(os.path.dirname(path)).st_uid == os.getuid()
 
 
 def test_local_gloo_listens_on_loopback(cluster):

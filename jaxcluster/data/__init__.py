@@ -10,7 +10,8 @@ devices hold. A push assigns on every process or on none: processes that map the
 stage it and assign once all of them have it.
 Both return a ``Transfer``: what moved, and for a pull the value.
 
-Engines on this host write and read through files in /dev/shm, once, in parallel; others send
+Engines on this host write and read through files in /dev/shm, once, in parallel (a whole value
+pushed is announced to them through their inboxes, ``jaxcluster.inboxes``); others send
 through ipyparallel's zero-copy buffers in pieces of at most ``session.PIECE_BYTES``, with a
 quarter of the data (at most ``session.IN_FLIGHT_BYTES``) on its way at once, so that the
 notebook holds little beyond the value.

@@ -112,8 +112,7 @@ def _push_value(cluster: ClusterHandle, name: str, value: Any, shared_memory: bo
         raise
     finally:
         files.close()  # the processes' mappings outlive the file
-    if local:  # not waited for: each process drops the replaced value before its next cell
-        _send(cluster, sorted(local), (engine.settle, token))
+    # each process forgets what the value replaced at its next cell or push (engine.settle)
     for p in everyone:
         transfer.add(p, len(payload) + sum(r.nbytes for r in raws))
     transfer.shared_memory = local
@@ -141,17 +140,21 @@ def _on(
     timeout: float | None = None,
 ) -> tuple[dict[int, Any], dict[int, str]]:
     """One call on each of ``processes`` at once: (replies, errors) by process index; one that
-    does not answer within ``timeout`` (default: the cluster's) fails."""
+    does not answer within ``timeout`` (default: the cluster's) fails. Processes on this host
+    get it through their inbox where it serves the call, the others through ipyparallel."""
     timeout = cluster.timeout if timeout is None else timeout
-    ar = _send(cluster, processes, request)
+    near, far = _routes(cluster, processes, request)
+    replies, errors = cluster.inboxes.call(near, *request, timeout=timeout)
+    if not far:
+        return replies, errors
+    ar = _send(cluster, far, request)
     if ar.wait(timeout):
-        answers = dict(zip(processes, ar.get(0, return_exceptions=True), strict=True))
+        answers = dict(zip(far, ar.get(0, return_exceptions=True), strict=True))
     else:  # those that answered, one AsyncResult each
-        parts = ar.split() if len(processes) > 1 else ()
+        parts = ar.split() if len(far) > 1 else ()
         answers = {p: part.get(0, return_exceptions=True)
-                   for p, part in zip(processes, parts, strict=True) if part.ready()}
-    replies, errors = {}, {}
-    for p in processes:
+                   for p, part in zip(far, parts, strict=True) if part.ready()}
+    for p in far:
         if p not in answers:
             errors[p] = f"no answer within {timeout:g} s"
         elif isinstance(answers[p], ipp.error.RemoteError):
@@ -164,6 +167,14 @@ def _on(
     if done:
         cluster.client.purge_local_results(jobs=done)  # the replies, and what they hold
     return replies, errors
+
+
+def _routes(
+    cluster: ClusterHandle, processes: list[int], request: tuple[Any, ...]
+) -> tuple[list[int], list[int]]:
+    """(processes reached through their inbox, processes reached through ipyparallel)."""
+    near = cluster.inboxes.takers(processes, *request)
+    return near, [p for p in processes if p not in near]
 
 
 def _send(cluster: ClusterHandle, processes: list[int], request: tuple[Any, ...]) -> Any:

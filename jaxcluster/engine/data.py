@@ -3,7 +3,8 @@
 One pull or push is a few calls that share a token; what a call leaves for the next one is held
 in ``_held[token]`` until ``release(token)`` or ``commit(token, name)``. A push that assigns at
 once (``assign_file``) keeps what the name held in ``_replaced[token]``, which ``release`` puts
-back and ``settle`` forgets. Data goes either through
+back if the push failed somewhere; the process forgets it at its next cell or push (``settle``),
+which come only once the push has succeeded everywhere. Data goes either through
 ipyparallel's zero-copy buffers or, for engines on the notebook's host, through files the
 notebook made in /dev/shm (``path`` arguments). Imported by the notebook too, for the helpers.
 """
@@ -173,9 +174,20 @@ def release(token: str) -> None:
         _namespace()[name] = before
 
 
-def settle(token: str) -> None:
-    """The push ``token`` assigned everywhere: forget the value it replaced here."""
-    _replaced.pop(token, None)
+def settle(*_: Any) -> None:
+    """Forget the values pushes replaced here. Runs before each cell (IPython's
+    ``pre_run_cell``) and each push: the notebook sends neither while a push is under way, and
+    one that failed anywhere sent ``release`` first."""
+    _replaced.clear()
+
+
+def install() -> None:
+    """Settle before every cell of this engine."""
+    from IPython import get_ipython
+
+    shell = get_ipython()
+    if shell is not None and settle not in shell.events.callbacks["pre_run_cell"]:
+        shell.events.register("pre_run_cell", settle)
 
 
 # -- push ----------------------------------------------------------------------------------
@@ -265,6 +277,7 @@ def commit(token: str, name: str) -> None:
 def assign_file(token: str, name: str, path: str, payload: Span, buffers: list[Span]) -> bool:
     """``stage_file`` and ``commit`` in one call, keeping what ``name`` held until ``settle``
     (or ``release``, which puts it back); whether this process sees the file."""
+    settle()  # an earlier push ended before this one began
     if not stage_file(token, path, payload, buffers):
         return False
     _replaced[token] = (name, _namespace().get(name, _UNSET))

@@ -234,14 +234,17 @@ def jax_state() -> dict | None:
 
 def _install_hooks() -> None:
     """The sharding display, the notebook's cell numbers, global arrays' values in printouts,
-    and the dispatch record that tells a hang from slow work."""
-    from . import cells, dispatch, values
+    the dispatch record that tells a hang from slow work, and the inbox of the notebook on
+    this host."""
+    from . import cells, data, dispatch, inbox, values
     from .sharding import install as install_sharding_display
 
     install_sharding_display()
     cells.install()
     values.install()
     dispatch.install(os.environ.get("JAXCLUSTER_STACK_FILE"))
+    inbox.open_inbox(os.environ.get("JAXCLUSTER_STACK_FILE"))
+    data.install()
     _absorb_scripts_initialize()
 
 
