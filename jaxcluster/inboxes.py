@@ -19,6 +19,9 @@ from typing import Any
 from .engine import inbox
 
 Replies = tuple[dict[int, Any], dict[int, str]]  # answers and errors, by process index
+# seconds a connect or a send may block: an engine busy in a cell accepts and reads only after
+# it, and its socket's backlog and buffer may be full meanwhile
+BLOCK_SECONDS = 5.0
 
 
 class Inboxes:
@@ -104,6 +107,7 @@ class Inboxes:
         conn = self._connections.get(process)
         if conn is None and process in self._paths:
             conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            conn.settimeout(BLOCK_SECONDS)
             try:
                 conn.connect(self._paths[process])
             except OSError:
