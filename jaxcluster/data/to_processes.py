@@ -147,7 +147,8 @@ def _on(
     replies, errors = cluster.inboxes.call(near, *request, timeout=timeout)
     if not far:
         return replies, errors
-    ar = _send(cluster, far, request)
+    engines = [cluster.processes[p].engine_id for p in far]
+    ar = cluster.client[engines].apply_async(*request)
     if ar.wait(timeout):
         answers = dict(zip(far, ar.get(0, return_exceptions=True), strict=True))
     else:  # those that answered, one AsyncResult each
@@ -174,13 +175,8 @@ def _routes(
 ) -> tuple[list[int], list[int]]:
     """(processes reached through their inbox, processes reached through ipyparallel)."""
     near = cluster.inboxes.takers(processes, *request)
-    return near, [p for p in processes if p not in near]
-
-
-def _send(cluster: ClusterHandle, processes: list[int], request: tuple[Any, ...]) -> Any:
-    """``request`` (a function and its arguments) to each of ``processes``; the AsyncResult."""
-    return cluster.client[[cluster.processes[p].engine_id for p in processes]].apply_async(
-        *request)
+    taken = set(near)
+    return near, [p for p in processes if p not in taken]
 
 
 def _check(errors: dict[int, str], what: str) -> None:

@@ -234,8 +234,8 @@ def jax_state() -> dict | None:
 
 def _install_hooks() -> None:
     """The sharding display, the notebook's cell numbers, global arrays' values in printouts,
-    the dispatch record that tells a hang from slow work, and the inbox of the notebook on
-    this host."""
+    the dispatch record that tells a hang from slow work, the inbox of the notebook on this
+    host, and forgetting what a push replaced once the next cell runs."""
     from . import cells, data, dispatch, inbox, values
     from .sharding import install as install_sharding_display
 
