@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from .lab import open_notebook, run_all_cells, save_screenshot, wait_cells_done, write_notebook
+from .lab import run_notebook_in_lab, save_screenshot, write_notebook
 
 pytestmark = [pytest.mark.browser, pytest.mark.cluster, pytest.mark.timeout(300)]
 
@@ -27,9 +27,7 @@ def test_a_pushed_value_is_used_on_the_processes(lab_server, browser_page):
     write_notebook(lab_server, "push.ipynb", CELLS)
 
     page = browser_page
-    open_notebook(page, lab_server, "push.ipynb", timeout=180)
-    run_all_cells(page)
-    wait_cells_done(page, timeout=180)
+    run_notebook_in_lab(page, lab_server, "push.ipynb", timeout=240)
     cells = page.locator(f"{PANEL} .jp-CodeCell")
     pushed = cells.nth(2).locator(".jp-OutputArea").inner_text()
     assert "Pushed weights to every process as weights: float64[8], 64 B." in pushed, pushed
