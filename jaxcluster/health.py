@@ -43,18 +43,26 @@ class Health:
         """One row per JAX process: where it runs and whether it is idle, busy or dead."""
         alive = set(self.client.ids)
         ours = sorted(alive & {p.engine_id for p in self.processes})
-        queues = self.client.queue_status(targets=ours) if ours else {}
+        queues = self.client.queue_status(targets=ours, verbose=True) if ours else {}
         exit_codes = engine_sets.exit_codes(self.ipp_cluster)
         rows = []
         for proc in self.processes:
             if proc.engine_id not in alive or not self._pid_alive(proc, exit_codes):
                 state = "dead"
-            elif queues.get(proc.engine_id, {}).get("queue", 0) > 0:
+            elif self._running(queues.get(proc.engine_id, {}).get("queue", [])):
                 state = "busy"
             else:
                 state = "idle"
             rows.append(ProcessStatus(**proc.__dict__, state=state))
         return rows
+
+    def _running(self, queued: list[str]) -> bool:
+        """Whether a task the controller counts as queued on an engine still runs. The
+        controller learns of a reply after this notebook may have it (a task just answered
+        showed as busy), so one that this notebook sent and got back is done; one sent by
+        another client counts."""
+        sent = set(self.client.history)
+        return any(m in self.client.outstanding or m not in sent for m in queued)
 
     def dead_processes(self) -> dict[int, str]:
         """Process index -> how it died, for processes whose engine is gone."""
