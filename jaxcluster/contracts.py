@@ -41,7 +41,7 @@ class ClusterHandle(Protocol):
 
     processes: list[ProcessInfo]
     timeout: float
-    inboxes: Inboxes  # the processes on this host, reached without ipyparallel (push)
+    inboxes: Inboxes  # the processes on this host, reached without ipyparallel (push, cells)
 
     @property
     def client(self) -> Any: ...  # ipyparallel.Client

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import global_values, hang
+from . import cell_requests, global_values, hang
 from .contracts import ClusterHandle
 from .errors import UNKNOWN_ERROR, SPMDError, remote_error
 from .live import Relay
@@ -115,21 +115,22 @@ def run(
     cells) when a process died or could not be stopped. ``cell_number``: the notebook's
     execution count, which the processes' tracebacks and warnings then name.
     """
-    view = cluster.view
     label = CELL_LABEL.format(cell_number) if cell_number is not None else None
-    ar = view.execute(code, silent=False, block=False, label=label)
-    began = time.monotonic()
     result = SPMDResult([ProcessOutput(p.process_index) for p in cluster.processes])
-    result.live = _relay(ar, len(result.processes))
+    result.live = Relay(len(result.processes))
+    began = time.monotonic()
+    cell = cell_requests.submit(cluster, code, label, result.live)
     result.timeout = timeout
-    watcher = _Watcher(cluster, ar, result, began, timeout, hang_after)
+    watcher = _Watcher(cluster, cell, result, began, timeout, hang_after)
     try:
         watcher.watch(on_update)
     except KeyboardInterrupt:
         watcher.stop_running("interrupt")
+    finally:
+        cell.close()
     result.elapsed = time.monotonic() - began
     idle = not any(p.state in ("running", "stuck", "died") for p in result.processes)
-    result.values = global_values.resolve(view if idle else None, result)
+    result.values = global_values.resolve(cluster.view if idle else None, result)
     if result.failure and any(p.state in ("stuck", "died") for p in result.processes):
         if on_update is not None:
             on_update(result)  # the report is shown now, not after the restart
@@ -148,48 +149,25 @@ def run(
 CELL_LABEL = "jaxcluster-cell:{}"  # engine/cells.py reads it from the request's metadata
 
 
-def _relay(ar: Any, processes: int) -> Relay:
-    """Every iopub message of each process's request, passed on as it arrives.
-
-    ipyparallel keeps display updates, ``clear_output`` and their order only in the messages,
-    not in ``AsyncResult.metadata``; the messages reach ``MessageFuture.iopub_callbacks`` of
-    each engine's future. ``AsyncResult`` has no public accessor for those futures, so this
-    reads ``_children``, exactly as its own ``stream_output`` does
-    (``tests/test_live_output.py`` fails first if ipyparallel changes that).
-    """
-    relay = Relay(processes)
-    for index, future in enumerate(ar._children):
-        future.iopub_callbacks.append(
-            lambda msg, i=index: relay.receive(i, msg["header"]["msg_type"], msg["content"]))
-        md = future.output.metadata
-        if md["stdout"] or md["stderr"] or md["outputs"]:  # came before the hook: rare
-            for name in ("stdout", "stderr"):
-                if md[name]:
-                    relay.receive(index, "stream", {"name": name, "text": md[name]})
-            for output in md["outputs"]:
-                relay.receive(index, "display_data", output)
-    return relay
-
-
 class _Watcher:
-    """Follows one AsyncResult until every process is done or the cell is given up on.
+    """Follows one cell until every process is done or the cell is given up on.
 
-    It sleeps until something is due: a process ends (each process's own AsyncResult, from
-    ``AsyncResult.split``, wakes it), output is to be passed on, the engines' health is to be
+    It sleeps until something is due: a process ends (each process's part of the request
+    wakes it), output is to be passed on, the engines' health is to be
     checked, a probe, the timeout. A cell that ends before any of these is read once, at its end.
     """
 
     def __init__(
         self,
         cluster: ClusterHandle,
-        ar: Any,
+        cell: cell_requests.CellRequest,
         result: SPMDResult,
         began: float,
         timeout: float | None,
         hang_after: float,
     ) -> None:
         self.cluster = cluster
-        self.ar = ar
+        self.cell = cell
         self.result = result
         self.began = began
         self.timeout = timeout
@@ -203,14 +181,14 @@ class _Watcher:
 
     def watch(self, on_update: Update | None) -> None:
         first = FIRST_WAIT if self.timeout is None else min(FIRST_WAIT, self.timeout)
-        if self.ar.wait(first):
+        if self.cell.wait(first):
             self._finish()
             return
-        pending = {part for part in self.ar.split() if not part.done()}
+        pending = {part for part in self.cell.parts() if not part.done()}
         last_update = next_health = 0.0
         while True:
             now = time.monotonic()
-            self._collect(self.ar.metadata)
+            self._collect(self.cell.metadata())
             if on_update is not None and now - last_update >= UPDATE_EVERY:
                 last_update = now
                 on_update(self.result)
@@ -223,7 +201,7 @@ class _Watcher:
                 return
             wait = max(0.0, self._next_due(next_health, last_update, on_update) - now)
             if not pending:
-                if self.ar.wait(wait):
+                if self.cell.wait(wait):
                     self._finish()
                     return
                 continue
@@ -244,15 +222,10 @@ class _Watcher:
         return min(due)
 
     def _finish(self) -> None:
-        """Every process answered: read what each produced, once. ``ExecuteReply.metadata`` is
-        the same record as ``AsyncResult.metadata``, without parsing its dates each time."""
-        self.ar.wait_for_output(5)
+        """Every process answered: read what each produced, once."""
+        self.cell.wait_for_output(5)
         self.seen = [None] * len(self.result.processes)  # read all, complete now
-        replies = self.ar.get(0, return_exceptions=True)
-        if any(isinstance(r, BaseException) for r in replies):
-            self._collect(self.ar.metadata)
-        else:
-            self._collect([r.metadata for r in replies])
+        self._collect(self.cell.final_metadata())
         self._settle_deaths()
 
     def stop_running(self, failure: str) -> None:
@@ -262,9 +235,9 @@ class _Watcher:
         running = [p for p in self.result.processes if p.state == "running"]
         if running:
             self.cluster.signal([p.process_index for p in running], signal.SIGINT)
-            self.ar.wait(INTERRUPT_GRACE)
-            self.ar.wait_for_output(1)
-            self._collect(self.ar.metadata)
+            self.cell.wait(INTERRUPT_GRACE)
+            self.cell.wait_for_output(1)
+            self._collect(self.cell.metadata())
         self.result.failure = failure
         self.result.interrupted = [p.process_index for p in running if p.state != "running"]
         stuck = [p.process_index for p in self.result.processes if p.state == "running"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import threading
 import time
@@ -228,3 +229,36 @@ def test_interrupt_of_processes_stuck_in_a_collective_recovers(ip, cluster):
     assert "The cell was interrupted" in tb
     assert "processes 1-3 stuck: " in tb and "The cluster was restarted" in tb
     _assert_recovered(ip, cluster, old)
+
+
+def test_a_cell_here_reaches_every_process_through_its_inbox_not_ipyparallel(ip, cluster):
+    """Every process listens on an inbox on this host: the cell, its output, its value and its
+    error (named by the notebook's cell number) come back without an ipyparallel request."""
+    sent_before, filed_before = len(cluster.client.history), len(cluster.client.metadata)
+    text, _ = spmd(ip, "print('I am', jax.process_index())\njax.process_index() * 10")
+    assert "\n".join(f"[process {i}]\nI am {i}" for i in range(4)) in text
+    assert "[process 2] 20\n[process 3] 30" in text
+    _, report, _ = failing_spmd(ip, "x = 1\n1 / (jax.process_index() - 2)")
+    plain = re.sub(r"\x1b\[[0-9;]*m", "", report)
+    assert "[process 2]" in plain and "ZeroDivisionError: division by zero" in plain
+    assert f"Cell In[{ip.execution_count - 1}], line 2" in plain  # the notebook's number
+    assert len(cluster.client.history) == sent_before
+    assert len(cluster.client.metadata) == filed_before  # the client forgot each cell's records
+
+
+def test_a_cell_goes_through_ipyparallel_when_a_process_has_no_inbox(ip, cluster):
+    """Process 1's inbox cannot be reached (its socket file moved away): the whole cell goes
+    through ipyparallel, with the same output."""
+    from jaxcluster.engine import inbox
+
+    path = inbox.path_for(cluster._stack_files[1])
+    os.rename(path, path + ".moved")
+    cluster.inboxes.close()
+    try:
+        sent_before = len(cluster.client.history)
+        text, _ = spmd(ip, "print('around', jax.process_index() % 2)")
+        assert len(cluster.client.history) == sent_before + 4
+        assert text.strip() == "[processes 0,2]\naround 0\n[processes 1,3]\naround 1"
+    finally:
+        os.rename(path + ".moved", path)
+        cluster.inboxes.close()

@@ -3,10 +3,13 @@ warnings (``In [7], line 2: UserWarning: careful``), instead of each engine's ow
 temporary file, so every process reports the same text and ``%%spmd`` collapses it.
 
 ``%%spmd`` sends the notebook's execution count as the request's ``label`` metadata.
+
+``run_cell`` runs a cell asked for through the engine's inbox (``engine/inbox.py``).
 """
 
 from __future__ import annotations
 
+import sys
 import warnings
 from typing import Any
 
@@ -57,3 +60,28 @@ def install() -> None:
     shell.events.register("pre_execute", note_count)
     compiler.format_code_name = format_code_name
     warnings.formatwarning = formatwarning
+
+
+def run_cell(code: str, parent: dict[str, Any]) -> bool:
+    """Run ``code`` as the engine's next cell, as a kernel request would; True when it ran
+    without error.
+
+    ``parent`` stands for the request the notebook never sent: its header (of the notebook's
+    ipyparallel session) goes on every message the cell publishes, so ipyparallel's client files
+    the output under it and relays widget comms as for its own requests; its ``label`` is the
+    notebook's cell number. An ``idle`` status ends the cell's messages, as after a request.
+    """
+    from IPython import get_ipython
+
+    shell = get_ipython()
+    kernel = shell.kernel
+    kernel.set_parent([], parent, "shell")
+    kernel.pre_handler_hook()  # SIGINT interrupts the cell, as during a request
+    try:
+        return bool(shell.run_cell(code, store_history=True, silent=False).success)
+    finally:
+        kernel.post_handler_hook()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        kernel.session.send(kernel.iopub_socket, "status", {"execution_state": "idle"},
+                            parent=parent, ident=f"kernel.{kernel.ident}.status".encode())

@@ -3,10 +3,12 @@ named calls without going through ipyparallel.
 
 Why by hand: every ipyparallel request is a round trip through the controller, with the
 engine's status published before and after it, about 2.5 ms of CPU per engine on 2 cores; at 64
-processes that round trip alone costs more than writing a 64 MiB value once into /dev/shm. A
-process that maps such a file needs only "map this file as NAME" (or, when the push failed
-elsewhere, "put the old value back"). The inbox serves those (``CALLS``) and nothing else:
-requests are JSON naming one of them, never pickles.
+processes that round trip alone costs more than writing a 64 MiB value once into /dev/shm, and
+most of a trivial ``%%spmd`` cell. The inbox serves a few named calls (``CALLS``) and nothing
+else: "map this file as NAME", "put the old value back" (``data``), and "run this cell"
+(``cells.run_cell``, whose output still goes out on iopub, through ipyparallel). Requests are
+JSON naming one of them, never pickles; a cell's code is what ipyparallel's own execute request
+would carry, from the same user only (below).
 
 The socket lies next to the engine's stack-dump file, in the cluster's private directory
 (mode 0700, see ``tempfile.mkdtemp``). It is served by the engine's own event loop, on the
@@ -22,7 +24,7 @@ import os
 import socket
 from typing import Any
 
-from . import data
+from . import cells, data
 
 SUFFIX = ".inbox"
 MAX_MESSAGE = 64 * 1024  # bytes: requests and answers name files and spans, never data
@@ -108,4 +110,4 @@ def answer(request: bytes) -> dict[str, Any]:
         return {"error": f"{type(e).__name__}: {e}"}
 
 
-CALLS = {f.__name__: f for f in (data.assign_file, data.release)}
+CALLS = {f.__name__: f for f in (data.assign_file, data.release, cells.run_cell)}
