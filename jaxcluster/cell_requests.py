@@ -11,8 +11,7 @@ Two routes behind one interface (``CellRequest``):
   in ``Client.metadata``, relays widget comms, and hands each message to the live relay, as for
   its own requests; an ``idle`` status ends each process's messages.
 - **through ipyparallel** (``DirectView.execute``) otherwise: processes on other hosts or whose
-  inbox is gone, a cell too large for one inbox message, and code with top-level ``await``
-  (IPython runs that on the kernel's event loop, which an inbox call is already inside).
+  inbox is gone, and a cell too large for one inbox message.
 """
 
 from __future__ import annotations
@@ -53,11 +52,9 @@ class CellRequest(Protocol):
 def submit(cluster: ClusterHandle, code: str, label: str | None, relay: Relay) -> CellRequest:
     """Send ``code`` to every process of ``cluster``; ``relay`` gets every output message."""
     everyone = [p.process_index for p in cluster.processes]
-    if "await" not in code and "async" not in code:  # top-level await needs a kernel request
-        sample = _parent(cluster.client.session.msg_header("execute_request"), label)
-        takers = cluster.inboxes.takers(everyone, cells.run_cell, code, sample)
-        if takers == everyone:
-            return _ThroughInboxes(cluster, code, label, relay)
+    sample = _parent(cluster.client.session.msg_header("execute_request"), label)
+    if cluster.inboxes.takers(everyone, cells.run_cell, code, sample) == everyone:
+        return _ThroughInboxes(cluster, code, label, relay)
     ar = cluster.view.execute(code, silent=False, block=False, label=label)
     return _ThroughIpyparallel(ar, relay)
 

@@ -262,3 +262,20 @@ def test_a_cell_goes_through_ipyparallel_when_a_process_has_no_inbox(ip, cluster
     finally:
         os.rename(path + ".moved", path)
         cluster.inboxes.close()
+
+
+def test_a_cell_that_awaits_at_top_level_runs_on_every_process(ip):
+    text, _ = spmd(ip, "import asyncio\nawait asyncio.sleep(0.01)\n"
+                       "print('awaited', jax.process_count())")
+    assert text.strip() == "[processes 0-3]\nawaited 4"
+
+
+def test_an_interrupt_cancels_a_cell_that_awaits_and_keeps_the_state(ip, cluster):
+    old = [p.pid for p in cluster.processes]
+    spmd(ip, "kept = jax.process_index()")
+    threading.Timer(1.5, os.kill, (os.getpid(), signal.SIGINT)).start()
+    _, report, _ = failing_spmd(ip, "import asyncio\nawait asyncio.sleep(60)")
+    assert "The cell was interrupted" in report and "CancelledError" in report
+    assert [p.pid for p in cluster.processes] == old
+    text, _ = spmd(ip, "print(kept)")
+    assert text.strip() == "\n".join(f"[process {i}]\n{i}" for i in range(4))

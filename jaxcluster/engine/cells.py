@@ -9,6 +9,8 @@ temporary file, so every process reports the same text and ``%%spmd`` collapses 
 
 from __future__ import annotations
 
+import asyncio
+import signal
 import sys
 import warnings
 from typing import Any
@@ -62,9 +64,10 @@ def install() -> None:
     warnings.formatwarning = formatwarning
 
 
-def run_cell(code: str, parent: dict[str, Any]) -> bool:
-    """Run ``code`` as the engine's next cell, as a kernel request would; True when it ran
-    without error.
+def run_cell(code: str, parent: dict[str, Any]) -> bool | asyncio.Future[bool]:
+    """Run ``code`` as the engine's next cell, as a kernel request would: True when it ran
+    without error. A cell that awaits at top level runs on the kernel's event loop instead, and
+    this returns the future of that answer.
 
     ``parent`` stands for the request the notebook never sent: its header (of the notebook's
     ipyparallel session) goes on every message the cell publishes, so ipyparallel's client files
@@ -78,10 +81,42 @@ def run_cell(code: str, parent: dict[str, Any]) -> bool:
     kernel.set_parent([], parent, "shell")
     kernel.pre_handler_hook()  # SIGINT interrupts the cell, as during a request
     try:
+        transformed, failed = shell.transform_cell(code), None
+    except Exception:
+        transformed, failed = code, sys.exc_info()
+    if shell.should_run_async(code, transformed_cell=transformed, preprocessing_exc_tuple=failed):
+        return _awaiting(shell, code, transformed, lambda: _end(kernel, parent))
+    try:
         return bool(shell.run_cell(code, store_history=True, silent=False).success)
     finally:
-        kernel.post_handler_hook()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        kernel.session.send(kernel.iopub_socket, "status", {"execution_state": "idle"},
-                            parent=parent, ident=f"kernel.{kernel.ident}.status".encode())
+        _end(kernel, parent)
+
+
+def _awaiting(shell: Any, code: str, transformed: str, end: Any) -> asyncio.Future[bool]:
+    """The cell as a task on the running event loop. SIGINT cancels it, as in ipykernel: raised
+    in the event loop, a KeyboardInterrupt would end the engine."""
+    loop = asyncio.get_running_loop()
+    task = loop.create_task(shell.run_cell_async(
+        code, store_history=True, silent=False, transformed_cell=transformed))
+    signal.signal(signal.SIGINT, lambda *_: loop.call_soon_threadsafe(task.cancel))
+    answer: asyncio.Future[bool] = loop.create_future()
+
+    def finish(_: object) -> None:
+        result = None if task.cancelled() or task.exception() else task.result()
+        try:  # what IPython's run_cell does once its runner is done
+            shell.events.trigger("post_execute")
+            shell.events.trigger("post_run_cell", result)
+        finally:
+            end()
+            answer.set_result(bool(result is not None and result.success))
+
+    task.add_done_callback(finish)
+    return answer
+
+
+def _end(kernel: Any, parent: dict[str, Any]) -> None:
+    kernel.post_handler_hook()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    kernel.session.send(kernel.iopub_socket, "status", {"execution_state": "idle"},
+                        parent=parent, ident=f"kernel.{kernel.ident}.status".encode())

@@ -18,6 +18,7 @@ while a cell runs waits for its end, as an ipyparallel request would.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -95,8 +96,23 @@ def _serve(loop: Any, conn: socket.socket) -> None:
         loop.remove_handler(conn)
         conn.close()
         return
+    reply = answer(request)
+    if isinstance(reply.get("value"), asyncio.Future):  # a cell that awaits: answered at its end
+        reply["value"].add_done_callback(lambda ended: _send(conn, _settled(ended)))
+    else:
+        _send(conn, reply)
+
+
+def _send(conn: socket.socket, reply: dict[str, Any]) -> None:
     with contextlib.suppress(OSError):  # a notebook gone meanwhile reads no answer
-        conn.send(json.dumps(answer(request)).encode())
+        conn.send(json.dumps(reply).encode())
+
+
+def _settled(ended: asyncio.Future) -> dict[str, Any]:
+    try:
+        return {"value": ended.result()}
+    except BaseException as e:
+        return {"error": f"{type(e).__name__}: {e}"}
 
 
 def answer(request: bytes) -> dict[str, Any]:
