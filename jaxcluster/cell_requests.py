@@ -138,9 +138,9 @@ class _ThroughInboxes:
         answer = self.pending.answers[index]
         if not answer.done():
             return
-        at = self.answered_at[index] or 0.0
-        if (self.outputs[index].done() or answer.exception() is not None
-                or (now is not None and now - at >= OUTPUT_GRACE)):
+        at = self.answered_at[index]  # None until the answer's callback ran
+        late = now is not None and at is not None and now - at >= OUTPUT_GRACE
+        if self.outputs[index].done() or answer.exception() is not None or late:
             with self._lock:
                 if not self.ended[index].done():
                     self.ended[index].set_result(None)
