@@ -6,7 +6,8 @@ STAMP := $(VENV)/.installed
 
 .PHONY: lab test lint demo notebooks bench system-deps clean
 
-$(STAMP): pyproject.toml
+# the kernelspec names the kernel's module: a venv made before it moved installs it again
+$(STAMP): pyproject.toml jaxcluster/notebook/kernelspec.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[test]'

@@ -6,7 +6,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .cluster import JaxCluster
+    from .cluster.facade import JaxCluster
     from .contracts import ProcessInfo, ProcessStatus
     from .data import MeshSharding, Transfer
     from .engine.sharding import show_sharding
@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 # imported on first use: every engine imports this package (``python -m jaxcluster.engine``),
 # and the notebook-side library it does not need is 0.12 s of CPU per process at start-up
 _LAZY = {
-    "JaxCluster": ".cluster",
+    "JaxCluster": ".cluster.facade",
     "ProcessInfo": ".contracts",
     "ProcessStatus": ".contracts",
     "MeshSharding": ".data",
@@ -55,12 +55,12 @@ def __getattr__(name: str) -> Any:
 
 def load_ipython_extension(ip: Any) -> None:
     # imported lazily so that the library never needs IPython
-    from .magics import load_ipython_extension as load
+    from .notebook.magics import load_ipython_extension as load
 
     load(ip)
 
 
 def unload_ipython_extension(ip: Any) -> None:
-    from .magics import unload_ipython_extension as unload
+    from .notebook.magics import unload_ipython_extension as unload
 
     unload(ip)

@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command is None:
         parser.error("choose a command, e.g.: jaxcluster install-kernel --sys-prefix")
-    from .kernelspec import install
+    from .notebook.kernelspec import install
 
     try:
         path = install(user=args.user, prefix=args.prefix, sys_prefix=args.sys_prefix)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from .inboxes import Inboxes
+    from .cells.inboxes import Inboxes
 
 # progress(stage, done, total): stage is "engines registered" or "JAX initialized"
 Progress = Callable[[str, int, int], None]

@@ -12,7 +12,8 @@ import ipyparallel as ipp
 import psutil
 import pytest
 
-from jaxcluster import ConfigError, JaxCluster, JaxClusterError, NoClusterError, engine_sets
+from jaxcluster import ConfigError, JaxCluster, JaxClusterError, NoClusterError
+from jaxcluster.cluster import engine_sets
 from tests.conftest import cluster_processes, wait_until_gone
 
 pytestmark = pytest.mark.cluster
@@ -52,7 +53,7 @@ def test_local_engines_start_lean_and_a_cell_can_still_import_debugpy(cluster):
     assert not [c for c in commands if "ipyparallel.engine.nanny" in c]
     result = cluster.run(
         "import sys\n"
-        "print(sorted(m for m in ('debugpy', 'jaxcluster.cluster', 'jaxcluster.spmd') "
+        "print(sorted(m for m in ('debugpy', 'jaxcluster.cluster', 'jaxcluster.cells') "
         "if m in sys.modules))\n"
         "import debugpy\n"
         "print(debugpy.__name__)\n"
@@ -117,8 +118,8 @@ def test_an_interrupt_and_a_stack_dump_reach_local_engines_without_a_nanny(clust
 
 
 def test_a_signal_never_reaches_another_program_that_got_an_engines_pid():
+    from jaxcluster.cluster.health import Health
     from jaxcluster.contracts import ProcessInfo
-    from jaxcluster.health import Health
 
     other = subprocess.Popen(["sleep", "30"])  # SIGUSR1 would end it
     try:

@@ -16,9 +16,9 @@ import time
 import pytest
 
 from jaxcluster import JaxCluster, JaxClusterError
-from jaxcluster.distributed import port_claim_error
+from jaxcluster.cluster.distributed import port_claim_error
+from jaxcluster.cluster.event_loop import THREAD_NAME, LoopThread
 from jaxcluster.engine.process import claim_port
-from jaxcluster.event_loop import THREAD_NAME, LoopThread
 from tests.conftest import cluster_processes, wait_until_gone
 
 pytestmark = pytest.mark.cluster

@@ -60,7 +60,7 @@ def test_the_navigation_has_the_four_kinds_of_docs():
 
 @pytest.mark.parametrize("magic", MAGICS)
 def test_reference_names_every_option_of_the_help(magic):
-    from jaxcluster.magics import JaxClusterMagics
+    from jaxcluster.notebook.magics import JaxClusterMagics
 
     help_text = getattr(JaxClusterMagics, magic).__doc__
     options = set(OPTION.findall(help_text))
@@ -97,7 +97,7 @@ def documented_options(reference: str) -> dict[str, set[str]]:
 
 @pytest.mark.parametrize("magic", MAGICS)
 def test_every_option_the_reference_gives_a_magic_is_in_its_help(magic):
-    from jaxcluster.magics import JaxClusterMagics
+    from jaxcluster.notebook.magics import JaxClusterMagics
 
     documented = documented_options((ROOT / "docs" / "magics.md").read_text())[magic]
     assert documented, f"docs/magics.md documents no option of %{magic}"
@@ -113,7 +113,7 @@ def test_the_reverse_check_would_catch_an_option_that_does_not_exist():
 
 
 def test_reference_documents_every_setting():
-    from jaxcluster.magics import JaxClusterMagics
+    from jaxcluster.notebook.magics import JaxClusterMagics
 
     settings = JaxClusterMagics.class_own_traits(config=True)
     expected = {"hang_after", "live_tail", "nodes", "devices_per_node", "start_timeout"}

@@ -7,10 +7,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from jaxcluster.cells.global_values import render, resolve
+from jaxcluster.cells.live import Relay
+from jaxcluster.cells.spmd import ProcessOutput, SPMDResult
 from jaxcluster.engine.values import TOKEN_PREFIX, describe, shown_indices
-from jaxcluster.global_values import render, resolve
-from jaxcluster.live import Relay
-from jaxcluster.spmd import ProcessOutput, SPMDResult
 
 ARRAYS = {
     "small float": lambda: jnp.arange(8.0),

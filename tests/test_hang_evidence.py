@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from jaxcluster import hang
+from jaxcluster.cells import hang
 
 IN_JAX = (
     'File "<cell>", line 4 in <module>\n'

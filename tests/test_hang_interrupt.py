@@ -34,7 +34,7 @@ def run(kc, code: str, prelude: bool = False) -> tuple[dict, str]:
     """The execute_reply's content and all text the cell showed."""
     if prelude:
         code = (
-            "from jaxcluster.magics import loaded_magics as _jax_cluster_magics\n" + code
+            "from jaxcluster.notebook.magics import loaded_magics as _jax_cluster_magics\n" + code
         )
     texts: list[str] = []
 

@@ -10,9 +10,9 @@ from IPython.core.error import UsageError
 from IPython.testing.globalipapp import start_ipython
 
 from jaxcluster import ConfigError, JaxCluster
-from jaxcluster._watchdog import cluster_pids, ssh_engines, ssh_kill_commands
-from jaxcluster.hosts import HOST_ARG, engines_by_host, parse_hosts, ssh_options
-from jaxcluster.launchers import LaunchRequest, gpu_device_ids, plan_launch
+from jaxcluster.cluster.hosts import HOST_ARG, engines_by_host, parse_hosts, ssh_options
+from jaxcluster.cluster.launchers import LaunchRequest, gpu_device_ids, plan_launch
+from jaxcluster.cluster.watchdog import cluster_pids, ssh_engines, ssh_kill_commands
 
 
 @pytest.mark.parametrize(

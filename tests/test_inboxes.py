@@ -11,8 +11,8 @@ import time
 
 import pytest
 
+from jaxcluster.cells.inboxes import Inboxes
 from jaxcluster.engine import data, inbox
-from jaxcluster.inboxes import Inboxes
 
 
 def test_an_inbox_answers_only_the_calls_it_serves():

@@ -20,9 +20,9 @@ from pathlib import Path
 import pytest
 from jupyter_client import KernelManager
 
-from jaxcluster import kernelspec
 from jaxcluster.__main__ import main as cli
-from jaxcluster.kernel_cells import cell_kind, help_request, remote_code, spmd_lines
+from jaxcluster.notebook import kernelspec
+from jaxcluster.notebook.kernel_cells import cell_kind, help_request, remote_code, spmd_lines
 from tests.conftest import cluster_processes, wait_until_gone
 
 REPO = Path(__file__).resolve().parent.parent
@@ -36,7 +36,9 @@ CELL_TIMEOUT = 180  # the first cell waits for the cluster, which is slow on a b
 def test_kernel_dict():
     spec = kernelspec.get_kernel_dict("/opt/py/bin/python")
     assert spec == {
-        "argv": ["/opt/py/bin/python", "-m", "jaxcluster.kernel", "-f", "{connection_file}"],
+        "argv": [
+            "/opt/py/bin/python", "-m", "jaxcluster.notebook.kernel", "-f", "{connection_file}"
+        ],
         "display_name": "JAX Cluster",
         "language": "python",
         "interrupt_mode": "signal",
@@ -202,7 +204,7 @@ class Kernel:
 
     def cluster_id(self) -> str:
         code = (
-            "%%local\nfrom jaxcluster import magics\n"
+            "%%local\nfrom jaxcluster.notebook import magics\n"
             "print(magics.loaded_magics().cluster.cluster_id)"
         )
         cluster_id = self.text(code).split()[-1]

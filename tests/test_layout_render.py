@@ -1,4 +1,4 @@
-"""Sharding/device descriptions (jaxcluster.layout), their renderers, and the widget wrappers.
+"""Sharding/device descriptions (jaxcluster.render.layout), their renderers, and the widgets.
 
 Runs in-process JAX on 8 CPU devices; no cluster needed.
 """
@@ -31,8 +31,9 @@ if len(CPU) < 8:
 from jax.sharding import Mesh, NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
-from jaxcluster.layout import array_layout, device_record, sharding_layout  # noqa: E402
+from jaxcluster.notebook.widgets import ShardingWidget  # noqa: E402
 from jaxcluster.render.devices import render_devices_html, render_devices_text  # noqa: E402
+from jaxcluster.render.layout import array_layout, device_record, sharding_layout  # noqa: E402
 from jaxcluster.render.sharding import (  # noqa: E402
     device_colours,
     render_shard_details_text,
@@ -40,7 +41,6 @@ from jaxcluster.render.sharding import (  # noqa: E402
     render_sharding_text,
     view_dims,
 )
-from jaxcluster.widgets import ShardingWidget  # noqa: E402
 
 IDS = [d.id for d in CPU[:8]]
 

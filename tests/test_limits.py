@@ -14,7 +14,7 @@ import psutil
 import pytest
 
 from jaxcluster import ConfigError, JaxCluster, JaxClusterError
-from jaxcluster.options import ClusterOptions
+from jaxcluster.cluster.options import ClusterOptions
 from tests.conftest import cluster_processes, wait_until_gone
 
 # the acceptance: processes of a failed or orphaned start gone within this
@@ -173,7 +173,7 @@ def test_the_watchdog_kills_processes_of_its_cluster_no_file_lists() -> None:
         sleep, env={**os.environ, "IPP_CLUSTER_ID": cluster_id}, start_new_session=True
     )
     watchdog = subprocess.Popen(
-        [sys.executable, "-m", "jaxcluster._watchdog", str(parent.pid),
+        [sys.executable, "-m", "jaxcluster.cluster.watchdog", str(parent.pid),
          repr(psutil.Process(parent.pid).create_time()), f"/nonexistent/{cluster_id}.json",
          cluster_id]
     )

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from jaxcluster.live import ProcessLog, Relay, blocks
+from jaxcluster.cells.live import ProcessLog, Relay, blocks
 from jaxcluster.render.cell import cell_outputs
 
 WIDGET = {"text/plain": "bar", "application/vnd.jupyter.widget-view+json": {"model_id": "m"}}

@@ -10,8 +10,8 @@ import time
 import pytest
 
 from jaxcluster import ConfigError, JaxCluster, JaxClusterError
-from jaxcluster.distributed import launch_order
-from jaxcluster.launchers import LaunchRequest, plan_launch
+from jaxcluster.cluster.distributed import launch_order
+from jaxcluster.cluster.launchers import LaunchRequest, plan_launch
 from tests.conftest import cluster_processes, wait_until_gone
 from tests.multihost import expected_psum, index_rank_psum
 

@@ -4,9 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from jaxcluster.output import clean_stream, collapse, format_ranges, label, parse_process_spec
+from jaxcluster.cells.stacks import main_thread_stack
 from jaxcluster.render.cell import _tail
-from jaxcluster.stacks import main_thread_stack
+from jaxcluster.render.labels import (
+    clean_stream,
+    collapse,
+    format_ranges,
+    label,
+    parse_process_spec,
+)
 
 
 @pytest.mark.parametrize(

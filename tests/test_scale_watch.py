@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from jaxcluster.spmd import HEALTH_EVERY
+from jaxcluster.cells.spmd import HEALTH_EVERY
 
 pytestmark = pytest.mark.cluster
 

@@ -22,7 +22,7 @@ import pytest
 from ipyparallel.cluster.launcher import SlurmEngineSetLauncher
 
 from jaxcluster import ConfigError, JaxCluster, JaxClusterError
-from jaxcluster.launchers import LaunchRequest, plan_launch
+from jaxcluster.cluster.launchers import LaunchRequest, plan_launch
 from tests.conftest import cluster_processes, wait_until_gone
 from tests.multihost import expected_psum, index_rank_psum
 

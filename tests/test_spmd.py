@@ -127,7 +127,7 @@ def test_identical_errors_are_shown_once(ip):
 
 
 def test_no_cluster_is_a_usage_error():
-    from jaxcluster.magics import JaxClusterMagics
+    from jaxcluster.notebook.magics import JaxClusterMagics
 
     magics = JaxClusterMagics(get_ipython())
     with pytest.raises(UsageError, match="%jax_cluster start --nodes N"):

@@ -15,8 +15,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from .engine import values as engine_values
-from .output import process_label
+from ..engine import values as engine_values
+from ..render.labels import process_label
 
 TOKEN = re.compile(
     re.escape(engine_values.TOKEN_PREFIX) + r"(\S+) (\S+)\|([^" + engine_values.CLOSE + r"]*)"

@@ -21,7 +21,7 @@ import re
 import sys
 from dataclasses import dataclass
 
-from .output import parse_process_spec, process_label
+from ..render.labels import parse_process_spec, process_label
 
 JAX_FRAME = re.compile(r'File "(?:[^"]*/)?(?:jax|jaxlib)/[^"]*", line \d+ in (\S+)')
 CELL_FRAME = re.compile(r'File "<cell>", line (\d+)')

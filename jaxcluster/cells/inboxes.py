@@ -17,7 +17,7 @@ import threading
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from .engine import inbox
+from ..engine import inbox
 
 Replies = tuple[dict[int, Any], dict[int, str]]  # answers and errors, by process index
 # seconds a connect or a send may block: an engine busy in a cell accepts and reads only after

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from difflib import SequenceMatcher
 from typing import Any
 
-from .output import bundle_key, clean_stream, has_gloo
+from ..render.labels import bundle_key, clean_stream, has_gloo
 
 CR = re.compile(r".*\r(?=[^\n])")  # a \r that is followed by more text rewrites its line
 GLOO_HALF = len("[Gloo] Rank 65535 is connected to ")

@@ -24,8 +24,8 @@ from typing import Any, Protocol
 
 from ipyparallel.error import RemoteError
 
-from .contracts import ClusterHandle
-from .engine import cells
+from ..contracts import ClusterHandle
+from ..engine import cells
 from .inboxes import CLOSED, Pending, request
 from .live import Relay
 

@@ -19,11 +19,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import cell_requests, global_values, hang
-from .contracts import ClusterHandle
-from .errors import UNKNOWN_ERROR, SPMDError, remote_error
+from ..contracts import ClusterHandle
+from ..errors import UNKNOWN_ERROR, SPMDError, remote_error
+from ..render.labels import clean_stream, process_label
+from . import global_values, hang, requests
 from .live import Relay
-from .output import clean_stream, process_label
 
 DEFAULT_HANG_AFTER = 10.0
 INTERRUPT_GRACE = 3.0  # seconds the processes get to stop after SIGINT before they count as stuck
@@ -84,7 +84,7 @@ class SPMDResult:
     def check(self) -> SPMDResult:
         """Raise ``SPMDError`` (with every process's error) unless the cell ran cleanly."""
         if not self.ok:
-            from .render.cell import error_report
+            from ..render.cell import error_report
 
             raise SPMDError(*error_report(self, range(len(self.processes)), collapsed=True))
         return self
@@ -119,7 +119,7 @@ def run(
     result = SPMDResult([ProcessOutput(p.process_index) for p in cluster.processes])
     result.live = Relay(len(result.processes))
     began = time.monotonic()
-    cell = cell_requests.submit(cluster, code, label, result.live)
+    cell = requests.submit(cluster, code, label, result.live)
     result.timeout = timeout
     watcher = _Watcher(cluster, cell, result, began, timeout, hang_after)
     try:
@@ -160,7 +160,7 @@ class _Watcher:
     def __init__(
         self,
         cluster: ClusterHandle,
-        cell: cell_requests.CellRequest,
+        cell: requests.CellRequest,
         result: SPMDResult,
         began: float,
         timeout: float | None,

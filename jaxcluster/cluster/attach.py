@@ -11,8 +11,8 @@ import os
 
 import ipyparallel as ipp
 
-from .contracts import Progress
-from .errors import ConfigError, JaxClusterError
+from ..contracts import Progress
+from ..errors import ConfigError, JaxClusterError
 
 
 def attach_client(

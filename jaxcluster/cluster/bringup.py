@@ -21,10 +21,10 @@ from typing import Protocol
 
 import ipyparallel as ipp
 
-from . import _watchdog, engine_sets
-from .contracts import Progress
-from .engine import process as _engine
-from .errors import JaxClusterError
+from ..contracts import Progress
+from ..engine import process as _engine
+from ..errors import JaxClusterError
+from . import engine_sets, watchdog
 from .event_loop import LoopThread
 from .hosts import engines_by_host
 from .launchers import plan_launch
@@ -123,7 +123,7 @@ def start_controller(
     """The watchdog (for when this process dies; first, so that it sees every process of the
     cluster), the controller, and a client of it."""
     cluster = launched.ipp_cluster
-    launched.watchdog = _watchdog.start(cluster.cluster_file, cluster.cluster_id)
+    launched.watchdog = watchdog.start(cluster.cluster_file, cluster.cluster_id)
     what = "start the controller"
     loop.run(cluster.start_controller(), remaining(deadline, options, what), what)
     # ipyparallel writes it with the default umask; it names hosts, pids and ssh options
@@ -177,11 +177,11 @@ def shut_down(launched: Launched, options: ClusterOptions, loop: LoopThread) -> 
     except JaxClusterError:
         with contextlib.suppress(OSError):
             cluster.update_cluster_file()
-        _watchdog.kill_cluster(cluster.cluster_file)
+        watchdog.kill_cluster(cluster.cluster_file)
     finally:
         if options.launcher == "local":  # engines launched after the last cluster file update
-            _watchdog.kill_local(cluster.cluster_id)
-        _watchdog.stop(launched.watchdog)
+            watchdog.kill_local(cluster.cluster_id)
+        watchdog.stop(launched.watchdog)
         launched.watchdog = None
 
 

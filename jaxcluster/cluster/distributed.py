@@ -13,9 +13,9 @@ from typing import Any
 
 import ipyparallel as ipp
 
-from .contracts import ProcessInfo, Progress
-from .engine import process as _engine
-from .errors import JaxClusterError, engine_error_message
+from ..contracts import ProcessInfo, Progress
+from ..engine import process as _engine
+from ..errors import JaxClusterError, engine_error_message
 from .gather import MARGIN_SECONDS, gather
 from .hosts import split_host_port
 from .launchers import gpu_device_ids

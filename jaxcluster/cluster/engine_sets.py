@@ -19,7 +19,7 @@ from typing import Any
 import ipyparallel as ipp
 from ipyparallel.cluster.launcher import MPILauncher, SlurmLauncher, SSHEngineSetLauncher
 
-from ._watchdog import kill_slurm_step, run_all, ssh_kill_commands
+from .watchdog import kill_slurm_step, run_all, ssh_kill_commands
 
 SSH_KILL_SECONDS = 15
 

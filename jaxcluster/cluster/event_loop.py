@@ -13,7 +13,7 @@ import threading
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
-from .errors import JaxClusterError
+from ..errors import JaxClusterError
 
 THREAD_NAME = "jaxcluster-ipyparallel"
 # seconds the thread gets to end once its loop is told to stop

@@ -15,12 +15,13 @@ from typing import Any
 
 import ipyparallel as ipp
 
-from . import attach, bringup, distributed, queries, recovery
-from .contracts import ProcessInfo, ProcessStatus, Progress
-from .errors import ConfigError, JaxClusterError, NoClusterError
+from ..cells import recovery
+from ..cells.inboxes import Inboxes
+from ..contracts import ProcessInfo, ProcessStatus, Progress
+from ..errors import ConfigError, JaxClusterError, NoClusterError
+from . import attach, bringup, distributed, queries
 from .event_loop import LoopThread
 from .health import Health
-from .inboxes import Inboxes
 from .options import ATTACHED, PLATFORMS, ClusterOptions, OptionAttribute, positive_int
 
 __all__ = ["PLATFORMS", "JaxCluster"]  # PLATFORMS: read from here by the magics
@@ -271,7 +272,7 @@ class JaxCluster:
         replayed after every restart. Returns an ``SPMDResult`` with each process's outputs,
         value and error.
         """
-        from .spmd import run
+        from ..cells.spmd import run
 
         result = run(self, code, timeout=timeout, **options)
         if setup and result.ok:
@@ -296,7 +297,7 @@ class JaxCluster:
         ``process``: whose value to take (an index, or ``"all"`` for a list by process);
         global arrays are assembled from every process's shards either way. See ``data.pull``.
         """
-        from .data import pull
+        from ..data import pull
 
         self._require_running()
         return pull(self, name, process, shared_memory).value
@@ -309,7 +310,7 @@ class JaxCluster:
         With ``sharding=MeshSharding(mesh, spec)`` the value becomes a global jax.Array and each
         process receives only the slices its devices hold. See ``data.push``.
         """
-        from .data import push
+        from ..data import push
 
         self._require_running()
         return push(self, name, value, sharding, shared_memory)

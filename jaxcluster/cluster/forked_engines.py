@@ -24,7 +24,7 @@ from ipyparallel.cluster.launcher import (
 )
 from traitlets import Unicode
 
-from .engine.forking import FORK_ARG, FORK_DIR_ARG, PIDS_FILE, exit_file, output_file
+from ..engine.forking import FORK_ARG, FORK_DIR_ARG, PIDS_FILE, exit_file, output_file
 
 # how often a start looks for the forked engines' pids (the forking process writes them once,
 # about a second after it starts, when it has imported everything)
@@ -45,7 +45,7 @@ class ForkedEngineSetLauncher(LocalEngineSetLauncher):
 
     launcher_class = ForkedEngineLauncher
     # how ipyparallel's cluster file names this class, so that it can be loaded back
-    entrypoint_name = "jaxcluster.forked_engines.ForkedEngineSetLauncher"
+    entrypoint_name = "jaxcluster.cluster.forked_engines.ForkedEngineSetLauncher"
     forking: LocalProcessLauncher | None = None
 
     @property

@@ -12,9 +12,9 @@ from typing import Any
 
 import ipyparallel as ipp
 
-from .contracts import Progress
-from .errors import JaxClusterError, engine_error_message
-from .output import process_label
+from ..contracts import Progress
+from ..errors import JaxClusterError, engine_error_message
+from ..render.labels import process_label
 
 # seconds the others get once one process failed: JAX's start-up waits for every process, so
 # after one fails the rest never finish

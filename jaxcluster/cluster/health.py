@@ -17,10 +17,10 @@ from typing import Any
 import ipyparallel as ipp
 import psutil
 
+from ..cells.stacks import main_thread_stack
+from ..contracts import ProcessInfo, ProcessStatus
+from ..engine import dispatch
 from . import engine_sets
-from .contracts import ProcessInfo, ProcessStatus
-from .engine import dispatch
-from .stacks import main_thread_stack
 
 # seconds ipyparallel gets to reap an engine that died, so that we can say how it ended
 REAP_SECONDS = 3.0

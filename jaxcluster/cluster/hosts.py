@@ -13,8 +13,8 @@ import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 
-from .engine.process import interface_address
-from .errors import ConfigError, JaxClusterError
+from ..engine.process import interface_address
+from ..errors import ConfigError, JaxClusterError
 
 # ``python -m jaxcluster.engine --jaxcluster-host=NAME``: the --hosts entry an engine runs on
 HOST_ARG = "--jaxcluster-host="

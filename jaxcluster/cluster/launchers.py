@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 
 from traitlets.config import Config
 
-from .engine.process import reachable_address
-from .errors import ConfigError
+from ..engine.process import reachable_address
+from ..errors import ConfigError
 from .hosts import HOST_ARG, check_ssh_hosts, engines_by_host, route_address, ssh_options
 
 LAUNCHERS = ("local", "ssh", "mpi", "slurm")
@@ -37,7 +37,7 @@ STOP_SECONDS_UNTIL_KILL = 1
 MPIEXEC_SECONDS_UNTIL_KILL = 15
 
 ENGINE_CMD = [sys.executable, "-m", "jaxcluster.engine"]
-LOCAL_ENGINE_SET = "jaxcluster.forked_engines.ForkedEngineSetLauncher"
+LOCAL_ENGINE_SET = "jaxcluster.cluster.forked_engines.ForkedEngineSetLauncher"
 
 
 @dataclass

@@ -13,7 +13,7 @@ from typing import Any, Generic, TypeVar
 
 import psutil
 
-from .errors import ConfigError
+from ..errors import ConfigError
 from .hosts import check_hosts_options, check_local_ip, parse_hosts, split_host_port
 from .launchers import LaunchRequest, check_launcher, engine_environment, split_launcher_args
 

@@ -7,9 +7,9 @@ import sys
 
 import ipyparallel as ipp
 
-from .contracts import ProcessInfo
-from .engine import process as _engine
-from .errors import ConfigError, JaxClusterError, engine_error_message
+from ..contracts import ProcessInfo
+from ..engine import process as _engine
+from ..errors import ConfigError, JaxClusterError, engine_error_message
 from .gather import gather
 
 NO_BACKEND_NOTE = (
@@ -33,7 +33,7 @@ def notebook_devices() -> tuple[list[dict], str]:
 
     if not xla_bridge.backends_are_initialized():
         return [], NO_BACKEND_NOTE
-    from .layout import device_record
+    from ..render.layout import device_record
 
     host = socket.gethostname()
     return [device_record(d, host) for d in jax.local_devices()], OWN_DEVICES_NOTE
@@ -64,7 +64,7 @@ def array_layout(
     timeout: float,
 ) -> dict:
     """The sharding layout of the global ``jax.Array`` named ``name`` on the engines."""
-    from .layout import array_layout as layout_of
+    from ..render.layout import array_layout as layout_of
 
     engine = client[processes[process_index].engine_id]
     try:

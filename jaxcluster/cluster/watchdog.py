@@ -8,7 +8,8 @@ and every local process whose environment names the cluster (``IPP_CLUSTER_ID``:
 before the cluster file listed them, e.g. when the parent died mid-launch). Engines started over
 ssh are killed over ssh, since their pids belong to other hosts, and Slurm jobs are cancelled.
 
-Run as ``python -m jaxcluster._watchdog PARENT_PID PARENT_CREATE_TIME CLUSTER_FILE CLUSTER_ID``.
+Run as ``python -m jaxcluster.cluster.watchdog PARENT_PID PARENT_CREATE_TIME CLUSTER_FILE
+CLUSTER_ID``.
 """
 
 from __future__ import annotations
@@ -216,7 +217,7 @@ def start(cluster_file: str, cluster_id: str) -> subprocess.Popen:
     process; start it before any process of the cluster."""
     me = psutil.Process()
     return subprocess.Popen(
-        [sys.executable, "-m", "jaxcluster._watchdog", str(me.pid), repr(me.create_time()),
+        [sys.executable, "-m", "jaxcluster.cluster.watchdog", str(me.pid), repr(me.create_time()),
          cluster_file, cluster_id],
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,

@@ -2,7 +2,9 @@
 
 Calls go to the engines in a bounded window (at most ``WINDOW`` waiting on one engine, and a
 quarter of the data, at most ``IN_FLIGHT_BYTES``, on its way), and every wait on them is
-bounded by the cluster's timeout.
+bounded by the cluster's timeout. Engines on this host write and read through files in
+/dev/shm, once, in parallel; others send through ipyparallel's zero-copy buffers in pieces of at
+most ``PIECE_BYTES``, so that the notebook holds little beyond the value.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import numpy as np
 from ..contracts import ClusterHandle
 from ..engine import data as engine
 from ..errors import ConfigError, JaxClusterError, engine_error_message
-from ..output import process_label
+from ..render.labels import process_label
 from .shared_files import SharedFiles
 
 PIECE_BYTES = 16 * 2**20

@@ -1,4 +1,9 @@
-"""``pull``: a variable of the processes arrives in the notebook, its jax.Arrays assembled."""
+"""``pull``: a variable of the processes arrives in the notebook, its jax.Arrays assembled.
+
+Every jax.Array in the value (also inside lists, dicts and other pytrees) arrives as one NumPy
+array assembled from the processes' shards, each distinct shard sent once, by the lowest process
+that holds it; everything else comes from one process (or from each).
+"""
 
 from __future__ import annotations
 
@@ -13,7 +18,7 @@ import numpy as np
 from ..contracts import ClusterHandle
 from ..engine import data as engine
 from ..errors import ConfigError
-from ..output import process_label
+from ..render.labels import process_label
 from .session import Call, Session, Transfer, check_name, row_ranges
 
 # an array to assemble: ("global", k) for a global array, ("local", process, k) for one

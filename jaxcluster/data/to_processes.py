@@ -1,4 +1,10 @@
-"""``push``: a value from the notebook appears on every process, or on none."""
+"""``push``: a value from the notebook appears on every process, or on none.
+
+With a ``MeshSharding`` the value becomes a global jax.Array for which each process receives only
+the slices its devices hold. Processes that map the value's /dev/shm file (told so through their
+inboxes, ``jaxcluster.cells.inboxes``) assign it at once and put the old value back if any
+process failed; the others stage it and assign once all of them have it.
+"""
 
 from __future__ import annotations
 
@@ -15,7 +21,7 @@ import numpy as np
 from ..contracts import ClusterHandle
 from ..engine import data as engine
 from ..errors import ConfigError, JaxClusterError, engine_error_message
-from ..output import process_label
+from ..render.labels import process_label
 from .mesh import MeshSharding
 from .session import CLEANUP_SECONDS, Call, Session, Transfer, check_name, row_ranges
 from .shared_files import SharedFiles, Slot

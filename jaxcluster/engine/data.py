@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from ..layout import shard_key
+from ..render.layout import shard_key
 
 # token -> a pull's arrays (list), a push's received shards (dict) or its finished value
 _held: dict[str, Any] = {}

@@ -1,7 +1,7 @@
 """The dispatch record: which multi-process programs this process ran in the current cell.
 
 A process that waits inside JAX after other processes have ended is hung only if the program
-it waits on needs one of them and that one ran it fewer times (``jaxcluster.hang``). To tell,
+it waits on needs one of them and that one ran it fewer times (``jaxcluster.cells.hang``). To tell,
 every call of a program whose shardings span devices of several processes is counted here, per
 cell, by a wrapper around ``ExecuteReplicated.__call__``. Such calls normally skip Python (jit's
 C++ fast path), so those programs, and only those, are kept off the fast path; single-process
@@ -23,7 +23,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from ..output import format_ranges
+from ..render.labels import format_ranges
 
 RECORD_SIZE = 512
 RECORD_SUFFIX = ".dispatch"

@@ -210,7 +210,7 @@ def device_records() -> list[dict]:
     """This process's local devices, described for ``%jax_devices``."""
     import jax
 
-    from ..layout import device_record
+    from ..render.layout import device_record
 
     host = host_name()
     return [device_record(d, host) for d in jax.local_devices()]

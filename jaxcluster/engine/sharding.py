@@ -4,7 +4,7 @@ On an engine, ``show_sharding`` and JAX's own ``jax.debug.visualize_array_shardi
 ``visualize_sharding`` (replaced on every engine by ``install``) publish the layout as plain data
 under ``SHARDING_MIME`` with text and HTML twins; every process publishes the same bundle, so
 ``%%spmd`` collapses them to one, and the notebook turns it into one picture. How a layout is
-shown is decided in one place, :func:`jaxcluster.display.show_sharding`.
+shown is decided in one place, :func:`jaxcluster.notebook.display.show_sharding`.
 Only metadata is used (``devices_indices_map``), so arrays no process can read work too.
 """
 
@@ -12,14 +12,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..layout import array_layout, sharding_layout
+from ..render.layout import array_layout, sharding_layout
 from ..render.sharding import SHARDING_MIME
 
 __all__ = ["SHARDING_MIME", "install", "show_sharding"]
 
 
 def _show(layout: dict[str, Any]) -> None:
-    from ..display import show_sharding as show  # IPython only once something is shown
+    from ..notebook.display import show_sharding as show  # IPython only once something is shown
 
     show(layout)
 

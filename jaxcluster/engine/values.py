@@ -6,7 +6,7 @@ and gathering it would be a collective, which deadlocks when only some processes
 array leave a placeholder naming it by a key that is the same on every process, and after the
 cell the notebook asks every process for the parts of its shards that the printout shows (the
 corners, when NumPy summarizes: kilobytes for any size), assembles them and puts the text in
-the placeholder's place (``jaxcluster.global_values``).
+the placeholder's place (``jaxcluster.cells.global_values``).
 
 The key: a global array can only be made by all its processes together, so the n-th array of
 one layout (shape, dtype, devices and their indices) made in a cell is the same array on every
@@ -28,7 +28,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from ..output import process_label
+from ..render.labels import process_label
 
 OPEN, CLOSE = "\u27ea", "\u27eb"  # ⟪ ⟫: what no printout of numbers contains
 TOKEN_PREFIX = OPEN + "jax.Array "

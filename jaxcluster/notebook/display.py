@@ -1,7 +1,8 @@
 """The front end: what the magics and the engines show, and how, in a notebook or elsewhere.
 
-Edge module: with :mod:`jaxcluster.widgets`, the only one that uses IPython's display machinery
-and ipywidgets. What to show is decided by the pure renderers in :mod:`jaxcluster.render`.
+Edge module: with :mod:`jaxcluster.notebook.widgets`, the only one that uses IPython's display
+machinery and ipywidgets. What to show is decided by the pure renderers in
+:mod:`jaxcluster.render`.
 """
 
 from __future__ import annotations
@@ -17,8 +18,8 @@ from typing import Any
 from IPython import get_ipython
 from IPython.display import display
 
-from .render.cell import Shown
-from .render.sharding import layout_bundle, render_sharding_html, render_sharding_text
+from ..render.cell import Shown
+from ..render.sharding import layout_bundle, render_sharding_html, render_sharding_text
 
 
 def in_notebook() -> bool:

@@ -15,7 +15,7 @@ magics of ``kernel_magics``; what process 0 runs to answer is in ``engine.intros
 Interrupts need nothing here: the kernelspec asks for ``interrupt_mode: signal``, so SIGINT
 raises KeyboardInterrupt in the running ``%%spmd`` cell, which interrupts every process.
 
-Run as ``python -m jaxcluster.kernel -f CONNECTION_FILE`` (what the kernelspec does).
+Run as ``python -m jaxcluster.notebook.kernel -f CONNECTION_FILE`` (what the kernelspec does).
 """
 
 from __future__ import annotations
@@ -31,12 +31,12 @@ from typing import TYPE_CHECKING, Any
 from ipykernel.ipkernel import IPythonKernel
 from traitlets import Float, Integer, Unicode
 
-from .engine.introspect import complete, inspect_name
+from ..engine.introspect import complete, inspect_name
 from .kernel_cells import SPMDByDefault, remote_code
 from .kernel_magics import KernelMagics
 
 if TYPE_CHECKING:
-    from .cluster import JaxCluster
+    from ..cluster.facade import JaxCluster
 
 ENV_NODES = "JAXCLUSTER_NODES"
 ENV_DEVICES_PER_NODE = "JAXCLUSTER_DEVICES_PER_NODE"
@@ -149,8 +149,8 @@ class JaxClusterKernel(IPythonKernel):
         return options, source
 
     def _begin_autostart(self) -> None:
-        from .cluster import JaxCluster
-        from .errors import ConfigError
+        from ..cluster.facade import JaxCluster
+        from ..errors import ConfigError
 
         settings = self.autostart_settings()
         if settings is None:
@@ -297,15 +297,15 @@ async def _settled(reply: Any) -> Any:
 
 
 def main() -> None:
-    """Start the kernel (what ``python -m jaxcluster.kernel -f FILE`` does)."""
+    """Start the kernel (what ``python -m jaxcluster.notebook.kernel -f FILE`` does)."""
     from ipykernel.kernelapp import IPKernelApp
 
     IPKernelApp.launch_instance(kernel_class=JaxClusterKernel)
 
 
 if __name__ == "__main__":
-    # Run the copy importable as jaxcluster.kernel, not this __main__ one, so that there is
+    # Run the copy importable as jaxcluster.notebook.kernel, not this __main__ one, so that there is
     # one JaxClusterKernel class and one module state however the module is reached.
-    from jaxcluster.kernel import main as _main
+    from jaxcluster.notebook.kernel import main as _main
 
     _main()

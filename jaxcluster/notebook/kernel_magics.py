@@ -12,7 +12,7 @@ from IPython.core.inputtransformer2 import TransformerManager
 from IPython.core.interactiveshell import InteractiveShell
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 
-from .engine.introspect import inspect_name
+from ..engine.introspect import inspect_name
 from .kernel_cells import help_request
 
 

@@ -23,7 +23,8 @@ LOGOS = ("logo-32x32.png", "logo-64x64.png", "logo-svg.svg")
 
 def make_kernel_cmd(executable: str | None = None) -> list[str]:
     """The command Jupyter runs to start the kernel; ``{connection_file}`` is filled in by it."""
-    return [executable or sys.executable, "-m", "jaxcluster.kernel", "-f", "{connection_file}"]
+    python = executable or sys.executable
+    return [python, "-m", "jaxcluster.notebook.kernel", "-f", "{connection_file}"]
 
 
 def get_kernel_dict(executable: str | None = None) -> dict[str, Any]:

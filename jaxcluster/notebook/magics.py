@@ -1,7 +1,7 @@
 """IPython glue: parse arguments, call the library, show the result. No logic of its own.
 
-Arguments are declared in :mod:`jaxcluster.magics_args`, output is planned by
-:mod:`jaxcluster.render` and shown by :mod:`jaxcluster.display`.
+Arguments are declared in :mod:`jaxcluster.notebook.magics_args`, output is planned by
+:mod:`jaxcluster.render` and shown by :mod:`jaxcluster.notebook.display`.
 """
 
 from __future__ import annotations
@@ -14,10 +14,14 @@ from IPython.core.magic import cell_magic, line_magic, magics_class, no_var_expa
 from IPython.core.magic_arguments import argument, magic_arguments
 from traitlets import Float, Int, TraitError, validate
 
-from .cluster import JaxCluster
+from ..cells.live import blocks
+from ..cells.spmd import DEFAULT_HANG_AFTER
+from ..cluster.facade import JaxCluster
+from ..errors import SPMDError
+from ..render import cell as cell_render
+from ..render.devices import render_devices_html, render_devices_text
+from ..render.status import status_html, status_text
 from .display import LiveOutput, StartProgress, show, show_sharding
-from .errors import SPMDError
-from .live import blocks
 from .magics_args import (
     check_options_apply,
     cluster_arguments,
@@ -29,10 +33,6 @@ from .magics_args import (
     usage_errors,
 )
 from .magics_data import ClusterMagicsBase, in_range, process_spec
-from .render import cell as cell_render
-from .render.devices import render_devices_html, render_devices_text
-from .render.status import status_html, status_text
-from .spmd import DEFAULT_HANG_AFTER
 
 
 @magics_class
@@ -322,7 +322,7 @@ class JaxClusterMagics(ClusterMagicsBase):
         """
         args = parse(self.jax_devices, line)
         if self.cluster is None or not self.cluster.running:
-            from .queries import notebook_devices
+            from ..cluster.queries import notebook_devices
 
             records, note = notebook_devices()
         else:

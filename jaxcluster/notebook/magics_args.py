@@ -16,9 +16,9 @@ from typing import Any
 from IPython.core.error import UsageError
 from IPython.core.magic_arguments import argument, parse_argstring
 
-from .errors import ConfigError, NoClusterError
-from .launchers import LAUNCHERS
-from .options import ENV_NAME, PLATFORMS
+from ..cluster.launchers import LAUNCHERS
+from ..cluster.options import ENV_NAME, PLATFORMS
+from ..errors import ConfigError, NoClusterError
 
 Decorator = Callable[[Any], Any]
 

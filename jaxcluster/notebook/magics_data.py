@@ -1,5 +1,5 @@
 """``%spmd_pull`` and ``%spmd_push``, and what all the magics share: the notebook's cluster and
-namespace. :class:`jaxcluster.magics.JaxClusterMagics` registers these as magics.
+namespace. :class:`jaxcluster.notebook.magics.JaxClusterMagics` registers these as magics.
 """
 
 from __future__ import annotations
@@ -10,11 +10,11 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics
 from IPython.core.magic_arguments import argument, magic_arguments
 
-from .cluster import JaxCluster
-from .data import MeshSharding
+from ..cluster.facade import JaxCluster
+from ..data import MeshSharding
+from ..render.labels import parse_process_spec
+from ..render.transfer import pulled_line, pushed_line
 from .magics_args import index, name_argument, parse, process_option, unquote, usage_errors
-from .output import parse_process_spec
-from .render.transfer import pulled_line, pushed_line
 
 
 class ClusterMagicsBase(Magics):

@@ -25,7 +25,7 @@ __all__ = ["ShardingWidget"]
 class ShardingWidget(widgets.VBox):
     """The sharding picture of one array, with a shard selector and a details area.
 
-    ``layout`` is a dict from :func:`jaxcluster.layout.sharding_layout` (not an ipywidgets
+    ``layout`` is a dict from :func:`jaxcluster.render.layout.sharding_layout` (not an ipywidgets
     ``Layout``; the VBox's own ``layout`` trait is left alone). For arrays of more than two
     dims, two dropdowns choose which dims form the rows and columns of the picture.
     """

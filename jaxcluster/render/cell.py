@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..output import bundle_key, collapse, label, process_label
+from .labels import bundle_key, collapse, label, process_label
 from .sharding import SHARDING_MIME
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")

@@ -1,4 +1,4 @@
-"""Device tables: records from :func:`jaxcluster.layout.device_record` to HTML/text. Pure.
+"""Device tables: records from :func:`.layout.device_record` to HTML/text. Pure.
 
 Rows are grouped by host, then by process, both sorted, so the same cluster always gives the
 same table whatever order the engines answered in.

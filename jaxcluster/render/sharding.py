@@ -1,4 +1,4 @@
-"""Sharding pictures: a layout dict (see :func:`jaxcluster.layout.sharding_layout`) to HTML/text.
+"""Sharding pictures: a layout dict (see :func:`.layout.sharding_layout`) to HTML/text.
 
 The picture draws the grid of :mod:`jaxcluster.render.sharding_grid`. Every shard is exactly one
 ``class="jc-shard"`` element, so counting them counts shards.

@@ -1,6 +1,6 @@
 """The model behind a sharding picture: a layout dict's shards placed on a 2-D grid. Pure.
 
-A layout comes from :func:`jaxcluster.layout.sharding_layout`. Its grid's rows and columns are
+A layout comes from :func:`.layout.sharding_layout`. Its grid's rows and columns are
 the distinct index ranges of two array dimensions; shards that differ only in the other
 dimensions share a grid cell, drawn as a stack.
 """
