@@ -9,8 +9,8 @@ if TYPE_CHECKING:
     from .cluster.facade import JaxCluster
     from .contracts import ProcessInfo, ProcessStatus
     from .data import MeshSharding, Transfer
-    from .engine.sharding import show_sharding
     from .errors import ConfigError, JaxClusterError, NoClusterError, SPMDError
+    from .notebook.display import show_sharding
 
 # imported on first use: every engine imports this package (``python -m jaxcluster.engine``),
 # and the notebook-side library it does not need is 0.12 s of CPU per process at start-up
@@ -20,7 +20,7 @@ _LAZY = {
     "ProcessStatus": ".contracts",
     "MeshSharding": ".data",
     "Transfer": ".data",
-    "show_sharding": ".engine.sharding",
+    "show_sharding": ".notebook.display",
     "ConfigError": ".errors",
     "JaxClusterError": ".errors",
     "NoClusterError": ".errors",

@@ -1,40 +1,37 @@
-"""Sharding pictures, one per cell instead of one per process.
+"""Sharding pictures from the engines, one per cell instead of one per process.
 
-On an engine, ``show_sharding`` and JAX's own ``jax.debug.visualize_array_sharding`` /
-``visualize_sharding`` (replaced on every engine by ``install``) publish the layout as plain data
-under ``SHARDING_MIME`` with text and HTML twins; every process publishes the same bundle, so
-``%%spmd`` collapses them to one, and the notebook turns it into one picture. How a layout is
-shown is decided in one place, :func:`jaxcluster.notebook.display.show_sharding`.
-Only metadata is used (``devices_indices_map``), so arrays no process can read work too.
+JAX's own ``jax.debug.visualize_array_sharding`` / ``visualize_sharding`` (replaced on every
+engine by ``install``) and ``jaxcluster.show_sharding`` publish the layout as plain data under
+``SHARDING_MIME`` with text and HTML twins; every process publishes the same bundle, so
+``%%spmd`` collapses them to one, and the notebook turns it into one picture
+(:func:`jaxcluster.notebook.display.show_layout`). Only metadata is used
+(``devices_indices_map``), so arrays no process can read work too.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from ..render.layout import array_layout, sharding_layout
-from ..render.sharding import SHARDING_MIME
+from ..render.sharding import SHARDING_MIME, layout_bundle
 
-__all__ = ["SHARDING_MIME", "install", "show_sharding"]
-
-
-def _show(layout: dict[str, Any]) -> None:
-    from ..notebook.display import show_sharding as show  # IPython only once something is shown
-
-    show(layout)
+__all__ = ["SHARDING_MIME", "install", "publish"]
 
 
-def show_sharding(x: Any) -> None:
-    """Show how the ``jax.Array`` ``x`` is laid out over the global devices, as one picture."""
-    _show(array_layout(x))
+def publish(layout: Mapping[str, Any]) -> None:
+    """Publish a layout from this engine, as the data the notebook draws one picture from."""
+    from IPython.display import display  # the engine's own shell, only once something is shown
+
+    display(layout_bundle(layout), raw=True)
 
 
 def _visualize_array_sharding(arr: Any, **_ignored: Any) -> None:
-    _show(array_layout(arr))
+    publish(array_layout(arr))
 
 
 def _visualize_sharding(shape: Any, sharding: Any, **_ignored: Any) -> None:
-    _show(sharding_layout(shape, "unknown", sharding))
+    publish(sharding_layout(shape, "unknown", sharding))
 
 
 def install() -> None:

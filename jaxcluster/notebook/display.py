@@ -18,8 +18,9 @@ from typing import Any
 from IPython import get_ipython
 from IPython.display import display
 
+from ..engine.sharding import publish
 from ..render.cell import Shown
-from ..render.sharding import layout_bundle, render_sharding_html, render_sharding_text
+from ..render.sharding import render_sharding_html, render_sharding_text
 
 
 def in_notebook() -> bool:
@@ -172,7 +173,14 @@ def on_engine() -> bool:
     return bool(os.environ.get("IPP_CLUSTER_ID"))
 
 
-def show_sharding(layout: Mapping[str, Any]) -> None:
+def show_sharding(x: Any) -> None:
+    """Show how the ``jax.Array`` ``x`` is laid out over the global devices, as one picture."""
+    from ..render.layout import array_layout
+
+    show_layout(array_layout(x))
+
+
+def show_layout(layout: Mapping[str, Any]) -> None:
     """The one place that decides how a sharding picture is shown.
 
     On an engine it is published as data, so that ``%%spmd`` collapses the processes' identical
@@ -180,7 +188,7 @@ def show_sharding(layout: Mapping[str, Any]) -> None:
     and HTML.
     """
     if on_engine():
-        display(layout_bundle(layout), raw=True)
+        publish(layout)
     elif in_notebook():
         from .widgets import ShardingWidget
 
@@ -193,7 +201,7 @@ def show_all(items: Sequence[Shown]) -> None:
     """Show a cell's final outputs, planned by :func:`jaxcluster.render.cell.cell_outputs`."""
     for item in items:
         if item.sharding is not None:
-            show_sharding(item.sharding)
+            show_layout(item.sharding)
         elif item.bundle is not None:
             show_bundle(item.bundle, item.metadata)
         else:

@@ -21,7 +21,7 @@ from ..errors import SPMDError
 from ..render import cell as cell_render
 from ..render.devices import render_devices_html, render_devices_text
 from ..render.status import status_html, status_text
-from .display import LiveOutput, StartProgress, show, show_sharding
+from .display import LiveOutput, StartProgress, show, show_layout
 from .magics_args import (
     check_options_apply,
     cluster_arguments,
@@ -349,7 +349,7 @@ class JaxClusterMagics(ClusterMagicsBase):
         """
         args = parse(self.jax_sharding, line)
         cluster = self.require_cluster()
-        show_sharding(cluster.array_layout(args.name, in_range(args.process, cluster)))
+        show_layout(cluster.array_layout(args.name, in_range(args.process, cluster)))
 
     # declared in magics_data, registered here with the others
     spmd_pull = line_magic(ClusterMagicsBase.spmd_pull)
