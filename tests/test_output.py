@@ -4,15 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from jaxcluster.cells.live import clean_stream
 from jaxcluster.cells.stacks import main_thread_stack
 from jaxcluster.render.cell import _tail
-from jaxcluster.render.labels import (
-    clean_stream,
-    collapse,
-    format_ranges,
-    label,
-    parse_process_spec,
-)
+from jaxcluster.render.labels import collapse, format_ranges, label, parse_process_spec
 
 
 @pytest.mark.parametrize(

@@ -15,11 +15,33 @@ from dataclasses import dataclass, field
 from difflib import SequenceMatcher
 from typing import Any
 
-from ..render.labels import bundle_key, clean_stream, has_gloo
+from ..render.labels import bundle_key
 
 CR = re.compile(r".*\r(?=[^\n])")  # a \r that is followed by more text rewrites its line
 GLOO_HALF = len("[Gloo] Rank 65535 is connected to ")
 OUTPUT_MESSAGES = frozenset({"stream", "display_data", "update_display_data", "clear_output"})
+
+# The runtime's own chatter, not the user's output: gloo announces every connection it makes.
+# It writes from the devices' threads while the cell runs, so its messages can land in the
+# middle of a printed line, run together, or even interleave with each other mid-message.
+GLOO_RUN = re.compile(
+    r"((?:\[Gloo\] Rank \d+ is connected to "
+    r"|\d+ peer ranks\. Expected number of connected peer ranks is : \d+)+)(\n*)"
+)
+
+
+def _drop_gloo(match: re.Match) -> str:
+    # each message brings one newline (after its second half); any others are the user's
+    return match[2][match[1].count("peer ranks is"):]
+
+
+def clean_stream(text: str) -> str:
+    return GLOO_RUN.sub(_drop_gloo, text) if has_gloo(text) else text
+
+
+def has_gloo(text: str) -> bool:
+    """Whether ``text`` holds gloo's chatter (either half of a message: they come apart)."""
+    return "[Gloo]" in text or "peer ranks is" in text
 
 
 @dataclass

@@ -21,9 +21,9 @@ from typing import Any
 
 from ..contracts import ClusterHandle
 from ..errors import UNKNOWN_ERROR, SPMDError, remote_error
-from ..render.labels import clean_stream, process_label
+from ..render.labels import process_label
 from . import global_values, hang, requests
-from .live import Relay
+from .live import Relay, clean_stream
 
 DEFAULT_HANG_AFTER = 10.0
 INTERRUPT_GRACE = 3.0  # seconds the processes get to stop after SIGINT before they count as stuck

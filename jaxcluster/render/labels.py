@@ -1,4 +1,5 @@
-"""Gathering and collapsing per-process outputs; labels by JAX process index. Pure."""
+"""Labels by JAX process index (``[processes 0-3]``, and back), and equal outputs collapsed under
+one label. Pure."""
 
 from __future__ import annotations
 
@@ -28,29 +29,6 @@ def process_label(indices: Iterable[int]) -> str:
     indices = sorted(set(indices))
     word = "process" if len(indices) == 1 else "processes"
     return f"{word} {format_ranges(indices)}"
-
-
-# The runtime's own chatter, not the user's output: gloo announces every connection it makes.
-# It writes from the devices' threads while the cell runs, so its messages can land in the
-# middle of a printed line, run together, or even interleave with each other mid-message.
-GLOO_RUN = re.compile(
-    r"((?:\[Gloo\] Rank \d+ is connected to "
-    r"|\d+ peer ranks\. Expected number of connected peer ranks is : \d+)+)(\n*)"
-)
-
-
-def _drop_gloo(match: re.Match) -> str:
-    # each message brings one newline (after its second half); any others are the user's
-    return match[2][match[1].count("peer ranks is"):]
-
-
-def clean_stream(text: str) -> str:
-    return GLOO_RUN.sub(_drop_gloo, text) if has_gloo(text) else text
-
-
-def has_gloo(text: str) -> bool:
-    """Whether ``text`` holds gloo's chatter (either half of a message: they come apart)."""
-    return "[Gloo]" in text or "peer ranks is" in text
 
 
 def parse_process_spec(spec: str, count: int) -> list[int]:
