@@ -1,9 +1,7 @@
-"""One ``%%spmd`` cell on every process: sent at once (through each engine's inbox on this host,
-else ipyparallel), its output relayed live, watched for deaths, hangs and interrupts, and
-recovered from, least destructive step first. It offers ``spmd`` (``run`` and the
-``SPMDResult`` it returns), ``live`` (each process's outputs as they come, and their blocks),
-``recovery`` (setup cells, replayed after a restart), ``inboxes`` (the notebook's connections
-to the engines on its host, which pushes use too) and ``stacks`` (a process's main-thread stack
-in a dump); the cell's routes, the hang rule and global arrays' printouts are its own."""
+"""One ``%%spmd`` cell on every process: sent at once, its output relayed live, watched for
+deaths, hangs and interrupts, and recovered from, least destructive step first. It offers
+``spmd`` (``run``, ``SPMDResult``), ``live`` (outputs as they come), ``recovery`` (setup cells,
+replayed), ``inboxes`` (engines on this host, reached directly) and ``stacks`` (a dump's main
+thread)."""
 
 __all__ = ["inboxes", "live", "recovery", "spmd", "stacks"]

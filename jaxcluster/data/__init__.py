@@ -1,9 +1,7 @@
-"""Values between the notebook and the JAX processes: ``pull`` brings a variable of the processes
-here, every jax.Array in it assembled from its shards, each distinct shard sent once; ``push``
-puts a value from here on every process or on none, with a ``MeshSharding`` as a global
-jax.Array of which each process receives only its own slices. It offers ``pull``, ``push``,
-``MeshSharding`` and ``Transfer`` (what moved, and for a pull the value); its engine side is
-``jaxcluster.engine.data``, and it knows a cluster only as a ``contracts.ClusterHandle``."""
+"""Values between the notebook and the processes. It offers ``pull`` (a variable of the
+processes, each jax.Array assembled here from its shards), ``push`` (a value on every process or
+on none; with a ``MeshSharding``, a global jax.Array sent slice by slice) and ``Transfer`` (what
+moved); it knows a cluster only as a ``contracts.ClusterHandle``."""
 
 from __future__ import annotations
 

@@ -1,9 +1,6 @@
-"""The IPython glue, and the only part that imports IPython besides the engines: it parses,
-calls the library and shows what comes back, with no logic of its own. It offers ``magics``
-(the extension that ``%load_ext jaxcluster`` loads), ``kernel`` (the JAX Cluster kernel, run as
-``python -m jaxcluster.notebook.kernel``), ``kernelspec`` (its spec, written by ``jaxcluster
-install-kernel``) and ``display`` (the one place that decides how a picture is shown); the
-magics' arguments, the data magics, the sharding widget and the kernel's own cells and magics
-are its own. Nothing outside it imports it but the package's public surface."""
+"""The IPython glue: parse, call the library, show what comes back; nothing but the public
+surface imports it. It offers ``magics`` (what ``%load_ext jaxcluster`` loads), ``kernel`` (the
+JAX Cluster kernel), ``kernelspec`` (its spec, for ``jaxcluster install-kernel``) and
+``display`` (how a picture is shown: widget, HTML or text)."""
 
 __all__ = ["display", "kernel", "kernelspec", "magics"]

@@ -1,0 +1,188 @@
+"""The package's shape: one folder per concern, data flowing one way between them, IPython only
+at the edges, and each folder used by the others only through what its ``__init__`` offers."""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+import jaxcluster
+
+PACKAGE = Path(jaxcluster.__file__).parent
+FOLDERS = sorted(init.parent.name for init in PACKAGE.glob("*/__init__.py"))
+EDGES = {"notebook", "engine"}  # the only folders that may import IPython
+PUBLIC_SURFACE = {"jaxcluster", "jaxcluster.__main__"}  # may import the glue, lazily
+IPYTHON = {"IPython", "ipykernel", "ipywidgets"}
+ARCHITECTURE_PAGE = PACKAGE.parent / "docs" / "architecture.md"
+
+
+@dataclass(frozen=True)
+class Import:
+    module: str  # the importing module, dotted
+    target: str  # the module imported from, dotted
+    names: tuple[str, ...]  # what ``from target import ...`` names; () for ``import target``
+    line: int
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def modules() -> dict[str, Path]:
+    return {module_name(path): path for path in sorted(PACKAGE.rglob("*.py"))}
+
+
+def imports() -> Iterator[Import]:
+    """Every import in the package, lazy ones and those under TYPE_CHECKING included."""
+    for name, path in modules().items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                for alias in node.names:
+                    yield Import(name, alias.name, (), node.lineno)
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    target = ".".join(base + ([node.module] if node.module else []))
+                else:
+                    target = node.module or ""
+                names = tuple(alias.name for alias in node.names)
+                yield Import(name, target, names, node.lineno)
+
+
+def folder(module: str) -> str | None:
+    """The folder a module of the package lies in; None for the top level and outsiders."""
+    parts = module.split(".")
+    inside = parts[0] == "jaxcluster" and len(parts) > 1 and parts[1] in FOLDERS
+    return parts[1] if inside else None
+
+
+def offered(folder_name: str) -> list[str]:
+    """What a folder's ``__init__`` offers the others: its ``__all__``."""
+    tree = ast.parse((PACKAGE / folder_name / "__init__.py").read_text())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(
+            isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets
+        ):
+            return list(ast.literal_eval(node.value))
+    raise AssertionError(f"jaxcluster/{folder_name}/__init__.py has no __all__")
+
+
+def docstring(folder_name: str) -> str:
+    text = ast.get_docstring(ast.parse((PACKAGE / folder_name / "__init__.py").read_text()))
+    assert text, f"jaxcluster/{folder_name}/__init__.py has no docstring"
+    return text
+
+
+def squeeze(text: str) -> str:
+    return " ".join(text.split())
+
+
+def test_the_top_level_is_the_public_surface_and_concerns_are_folders():
+    assert FOLDERS == ["cells", "cluster", "data", "engine", "notebook", "render"]
+    top = sorted(path.name for path in PACKAGE.glob("*.py"))
+    assert len(top) <= 4, top
+
+
+def test_no_module_is_over_450_lines():
+    long = {name: n for name, path in modules().items()
+            if (n := len(path.read_text().splitlines())) > 450}
+    assert not long
+
+
+def test_no_import_cycle():
+    known = modules()
+    graph: dict[str, set[str]] = {name: set() for name in known}
+    for imp in imports():
+        for target in [imp.target, *(f"{imp.target}.{n}" for n in imp.names)]:
+            if target in known and target != imp.module:
+                graph[imp.module].add(target)
+    assert not cycles(graph)
+
+
+def test_folders_depend_on_each_other_one_way():
+    graph: dict[str, set[str]] = {name: set() for name in FOLDERS}
+    for imp in imports():
+        source, target = folder(imp.module), folder(imp.target)
+        if source and target and source != target:
+            graph[source].add(target)
+    assert not cycles(graph), graph
+    assert not any("notebook" in targets for targets in graph.values())
+
+
+def test_ipython_is_imported_only_by_the_glue_and_the_engines():
+    outside = [imp for imp in imports()
+               if imp.target.split(".")[0] in IPYTHON and folder(imp.module) not in EDGES]
+    assert not outside
+
+
+def test_only_the_public_surface_imports_the_glue():
+    importers = {imp.module for imp in imports()
+                 if folder(imp.target) == "notebook" and folder(imp.module) != "notebook"}
+    assert importers <= PUBLIC_SURFACE
+
+
+@pytest.mark.parametrize("name", FOLDERS)
+def test_the_other_folders_use_only_what_a_folder_offers(name):
+    offer = set(offered(name))
+    strays = []
+    for imp in imports():
+        if folder(imp.target) != name or folder(imp.module) in (name, None):
+            continue
+        rest = imp.target.split(".")[2:]
+        used = [rest[0]] if rest else list(imp.names)
+        strays += [f"{imp.module}:{imp.line} uses {name}.{u}" for u in used if u not in offer]
+    assert not strays, f"jaxcluster/{name}/__init__.py offers {sorted(offer)}"
+
+
+@pytest.mark.parametrize("name", FOLDERS)
+def test_a_folders_docstring_is_one_paragraph_naming_its_offer(name):
+    text = docstring(name)
+    assert "\n\n" not in text.strip()
+    missing = [o for o in offered(name) if f"``{o}``" not in text]
+    assert not missing
+
+
+def test_the_architecture_page_quotes_every_folder_and_stays_short():
+    page = ARCHITECTURE_PAGE.read_text()
+    assert len(page.splitlines()) < 120
+    quoted = squeeze(re.sub(r"^> ?", "", page, flags=re.M))
+    assert [name for name in FOLDERS if squeeze(docstring(name)) not in quoted] == []
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one node (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for other in graph[node]:
+            if other not in index:
+                visit(other)
+                low[node] = min(low[node], low[other])
+            elif other in stack:
+                low[node] = min(low[node], index[other])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                other = stack.pop()
+                component.append(other)
+                if other == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in graph:
+        if node not in index:
+            visit(node)
+    return found
