@@ -1,13 +1,14 @@
-"""``--launcher ssh`` on real hosts: network namespaces, each with its own address and sshd.
+"""``--launcher ssh`` on real hosts: namespace hosts (``tests/netns_hosts.py``), each with its
+own address, sshd, host name, pids and /tmp, as another machine has.
 
 Network 0 holds hosts h1 and h2; network 1 holds h3, which reaches the root namespace only on
-its own network and so cannot reach a controller that listens on network 0.
+its own network and so cannot reach a controller that listens on network 0. An engine's pid
+(``ProcessInfo.pid``) is its pid on its host; the rig finds the process it names there.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import shlex
 import signal
 import subprocess
@@ -22,7 +23,7 @@ from IPython.utils.capture import capture_output
 
 from jaxcluster import JaxCluster, JaxClusterError
 from tests.conftest import cluster_processes, magics_shell, wait_until_gone
-from tests.netns_hosts import Unavailable, namespace_hosts
+from tests.netns_hosts import NamespaceHosts, Unavailable, namespace_hosts
 
 pytestmark = pytest.mark.cluster
 
@@ -57,41 +58,47 @@ def cluster(shell):
     return shell.magics_manager.registry["JaxClusterMagics"].cluster
 
 
-def namespace_of(pid: int, hosts) -> str | None:
-    """The namespace host a process runs in (None: the root namespace)."""
-    inode = os.stat(f"/proc/{pid}/ns/net").st_ino
-    for name in hosts.hosts:
-        if os.stat(f"/run/netns/{name}").st_ino == inode:
-            return name
-    return None
+def root_pids(hosts: NamespaceHosts, processes: list[tuple[str, int]]) -> list[int]:
+    """The notebook's pids of processes given as (--hosts address, pid there), each of which
+    must run on its host now."""
+    found = []
+    for address, pid in processes:
+        root_pid = hosts.root_pid(hosts.host_at(address), pid)
+        assert root_pid is not None, f"no process {pid} runs on {address}"
+        found.append(root_pid)
+    return found
 
 
-def left_on_hosts(hosts) -> dict[str, list[str]]:
-    """What still runs in each namespace host, sshd (and its sessions) aside."""
-    left = {}
-    for name in hosts.hosts:
-        pids = subprocess.run(["ip", "netns", "pids", name], capture_output=True, text=True)
-        for pid in pids.stdout.split():
-            try:
-                cmdline = psutil.Process(int(pid)).cmdline()
-            except psutil.Error:
-                continue
-            if cmdline and "sshd" not in cmdline[0]:
-                left.setdefault(name, []).append(" ".join(cmdline))
-    return left
+def engines_of(cluster) -> list[tuple[str, int]]:
+    return [(p.host, p.pid) for p in cluster.processes]
 
 
-def wait_until_hosts_are_empty(hosts, timeout: float) -> dict[str, list[str]]:
+def wait_until_hosts_are_empty(hosts: NamespaceHosts, timeout: float) -> dict[str, list[str]]:
     deadline = time.monotonic() + timeout
-    while (left := left_on_hosts(hosts)) and time.monotonic() < deadline:
+    while (left := hosts.left_on_hosts()) and time.monotonic() < deadline:
         time.sleep(0.25)
     return left
+
+
+@ipp.interactive
+def where_am_i() -> tuple[str, int]:
+    """(host name, pid), as an engine sees them."""
+    import os
+    import socket
+
+    return socket.gethostname(), os.getpid()
 
 
 def test_processes_run_on_their_hosts_in_host_order(cluster, hosts):
     h1, h2 = hosts.networks[0].namespaces
     assert [p.process_index for p in cluster.processes] == [0, 1, 2, 3]
-    assert [namespace_of(p.pid, hosts) for p in cluster.processes] == [h1, h1, h2, h2]
+    engines = root_pids(hosts, engines_of(cluster))
+    assert [hosts.host_of(pid) for pid in engines] == [h1, h1, h2, h2]
+    assert all("jaxcluster.engine" in " ".join(psutil.Process(pid).cmdline()) for pid in engines)
+    # the engines themselves say so: their hosts' names, their pids there
+    assert cluster.view.apply_sync(where_am_i) == [
+        (h, p.pid) for h, p in zip((h1, h1, h2, h2), cluster.processes, strict=True)
+    ]
     assert [p.host for p in cluster.processes] == [hosts.address(h) for h in (h1, h1, h2, h2)]
     assert [p.address for p in cluster.processes] == [p.host for p in cluster.processes]
     assert cluster.summary().startswith("4 processes × 2 cpu devices = 8 global devices")
@@ -174,10 +181,11 @@ def test_processes_listen_only_on_their_hosts_address(cluster, hosts):
         assert listening_addresses(namespace) - {"127.0.0.1"} == {hosts.address(namespace)}
 
 
-def test_a_killed_remote_engine_shows_as_dead_and_restart_replaces_it(cluster, shell):
+def test_a_killed_remote_engine_shows_as_dead_and_restart_replaces_it(cluster, shell, hosts):
+    old = root_pids(hosts, engines_of(cluster))
     victim = cluster.processes[3]
-    # the namespaces share our pid namespace, so the test can play the host's OOM killer
-    os.kill(victim.pid, signal.SIGKILL)
+    # the test plays the OOM killer of the victim's host
+    hosts.kill(hosts.host_at(victim.host), victim.pid, signal.SIGKILL)
     deadline = time.monotonic() + 30
     while cluster.status()[3].state != "dead" and time.monotonic() < deadline:
         time.sleep(0.2)
@@ -187,7 +195,6 @@ def test_a_killed_remote_engine_shows_as_dead_and_restart_replaces_it(cluster, s
         time.sleep(0.2)
     assert cluster.dead_processes() == {3: "died"}
 
-    old = [p.pid for p in cluster.processes]
     with capture_output():
         shell.run_line_magic("jax_cluster", "restart")
     assert wait_until_gone(old, 15) == []
@@ -197,7 +204,9 @@ def test_a_killed_remote_engine_shows_as_dead_and_restart_replaces_it(cluster, s
 def test_stop_leaves_nothing_anywhere(cluster, shell, hosts):
     cluster_id = cluster.cluster_id
     controller = cluster.ipp_cluster.controller.process.pid
-    engines = [p.pid for p in cluster.processes]
+    # those that run: an engine killed by a test that failed before has no pid to wait for
+    running = [hosts.root_pid(hosts.host_at(host), pid) for host, pid in engines_of(cluster)]
+    engines = [pid for pid in running if pid is not None]
     began = time.perf_counter()
     shell.run_line_magic("jax_cluster", "stop")
     assert time.perf_counter() - began < 15
@@ -220,7 +229,7 @@ def test_unreachable_host_fails_start_within_the_timeout_naming_it(hosts):
     assert f"Cannot start engines on {nobody} over ssh" in message
     assert h1 not in message
     assert cluster.cluster_id is None  # found before anything was created
-    assert left_on_hosts(hosts) == {}
+    assert hosts.left_on_hosts() == {}
 
 
 def test_host_that_cannot_reach_the_controller_fails_start_naming_it(hosts):
@@ -245,7 +254,7 @@ from jaxcluster import JaxCluster
 cluster = JaxCluster(launcher="ssh", hosts=sys.argv[1].split(","), nodes=2,
                      launcher_args=json.loads(sys.argv[2]), timeout=120).start()
 print(json.dumps({"cluster_id": cluster.cluster_id,
-                  "pids": [p.pid for p in cluster.processes]}), flush=True)
+                  "engines": [(p.host, p.pid) for p in cluster.processes]}), flush=True)
 sys.stdin.readline()
 """
 
@@ -261,12 +270,11 @@ def test_remote_engines_end_when_the_starting_process_is_killed(hosts, tmp_path)
         first = proc.stdout.readline()
         assert first, proc.stderr.read()
         info = json.loads(first)
-        assert {namespace_of(pid, hosts) for pid in info["pids"]} == set(
-            hosts.networks[0].namespaces
-        )
+        engines = root_pids(hosts, [(address, pid) for address, pid in info["engines"]])
+        assert {hosts.host_of(pid) for pid in engines} == set(hosts.networks[0].namespaces)
         proc.send_signal(signal.SIGKILL)
         proc.wait(30)
-        assert wait_until_gone(info["pids"], 30) == []
+        assert wait_until_gone(engines, 30) == []
         assert wait_until_gone([p.pid for p in cluster_processes(info["cluster_id"])], 10) == []
     finally:
         if proc.poll() is None:
