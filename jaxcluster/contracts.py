@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
+    from .cells.backchannel import BackChannel
     from .cells.inboxes import Inboxes
 
 # progress(stage, done, total): stage is "engines registered" or "JAX initialized"
@@ -42,6 +43,7 @@ class ClusterHandle(Protocol):
     processes: list[ProcessInfo]
     timeout: float
     inboxes: Inboxes  # the processes on this host, reached without ipyparallel (push, cells)
+    backchannel: BackChannel  # every process, also while it is busy (cells, evidence, signals)
 
     @property
     def client(self) -> Any: ...  # ipyparallel.Client
@@ -50,13 +52,5 @@ class ClusterHandle(Protocol):
     def view(self) -> Any: ...  # ipyparallel.DirectView over all engines, in process order
 
     def dead_processes(self) -> dict[int, str]: ...
-
-    def dump_stacks(self, process_indices: list[int], wait: float = 2.0) -> dict[int, str]: ...
-
-    def signal(self, process_indices: list[int], signum: int) -> None: ...
-
-    def dispatch_records(self, process_indices: list[int]) -> dict[int, dict]: ...
-
-    def dispatch_counts(self, process_indices: list[int], wait: float = 2.0) -> dict[int, dict]: ...
 
     def restart(self, progress: Progress | None = None) -> Any: ...

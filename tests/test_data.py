@@ -12,7 +12,6 @@ from IPython.core.error import UsageError
 
 from jaxcluster import ConfigError, JaxClusterError, MeshSharding, data
 from jaxcluster.data import session, shared_files
-from jaxcluster.engine import inbox
 from tests.conftest import magics_shell
 
 pytestmark = pytest.mark.cluster
@@ -287,7 +286,7 @@ def test_a_push_on_this_host_goes_through_the_inboxes_not_ipyparallel(ready):
 def test_a_process_whose_inbox_is_gone_gets_the_push_through_ipyparallel(ready):
     """Process 1's inbox cannot be reached (its socket file moved away): it is sent the same
     call through ipyparallel, and still maps the file."""
-    path = inbox.path_for(ready._stack_files[1])
+    path = ready.inboxes.path(1)
     os.rename(path, path + ".moved")
     ready.inboxes.close()  # what the notebook had connected stays connected otherwise
     try:

@@ -6,8 +6,10 @@ from __future__ import annotations
 import json
 import os
 import socket
+import tempfile
 import threading
 import time
+import uuid
 
 import pytest
 
@@ -26,20 +28,23 @@ def test_an_inbox_answers_only_the_calls_it_serves():
 
 
 class Engine:
-    """A stand-in engine's listening socket at the inbox path of ``stack_file``, answering
-    each request with ``respond(request)`` (None: no answer; "close": hang up)."""
+    """A stand-in engine's listening socket at ``path``, greeting with ``engine_id`` as an
+    engine does, answering each request with ``respond(request)`` (None: no answer; "close":
+    hang up)."""
 
-    def __init__(self, stack_file: str, respond):
+    def __init__(self, path: str, respond, engine_id: int = 0):
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        self.listener.bind(inbox.path_for(stack_file))
+        self.listener.bind(path)
         self.listener.listen(1)
         self.respond = respond
+        self.engine_id = engine_id
         self.thread = threading.Thread(target=self._serve, daemon=True)
         self.thread.start()
 
     def _serve(self):
         conn, _ = self.listener.accept()
         with conn:
+            conn.send(json.dumps({"engine_id": self.engine_id}).encode())
             while request := conn.recv(inbox.MAX_MESSAGE):
                 reply = self.respond(json.loads(request))
                 if reply == "close":
@@ -52,17 +57,18 @@ class Engine:
 
 
 @pytest.fixture
-def stack_files(tmp_path):
-    return {p: str(tmp_path / f"{1000 + p}.txt") for p in range(3)}
+def paths(tmp_path):
+    """Process index -> its inbox and the engine id expected there (engine ids 10 + p)."""
+    return {p: (str(tmp_path / f"engine-{p}.inbox"), 10 + p) for p in range(4)}
 
 
-def test_answers_errors_silence_and_hang_ups_by_process(stack_files):
+def test_answers_errors_silence_and_hang_ups_by_process(paths):
     engines = [
-        Engine(stack_files[0], lambda call: {"value": call["args"]}),
-        Engine(stack_files[1], lambda call: {"error": "ZeroDivisionError: division by zero"}),
-        Engine(stack_files[2], lambda call: "close"),
+        Engine(paths[0][0], lambda call: {"value": call["args"]}, 10),
+        Engine(paths[1][0], lambda call: {"error": "ZeroDivisionError: division by zero"}, 11),
+        Engine(paths[2][0], lambda call: "close", 12),
     ]
-    inboxes = Inboxes({**stack_files, 3: stack_files[0].replace("1000", "1003")})
+    inboxes = Inboxes(paths)
     try:
         assert inboxes.takers(range(4), data.release, "token") == [0, 1, 2]  # 3: nobody listens
         assert inboxes.takers(range(4), data.stage_value, "token", 1) == []  # not served
@@ -78,9 +84,24 @@ def test_answers_errors_silence_and_hang_ups_by_process(stack_files):
             engine.close()
 
 
-def test_a_process_that_does_not_answer_fails_at_the_bound_and_is_dropped(stack_files):
-    engine = Engine(stack_files[0], lambda call: None)
-    inboxes = Inboxes({0: stack_files[0]})
+def test_an_inbox_whose_engine_greets_with_another_id_is_never_used(paths):
+    """A path leads to whatever listens there: only the engine that greets with the id this
+    process has is asked (another cluster's engine, or another host's with the same pid)."""
+    engine = Engine(paths[0][0], lambda call: {"value": "from the wrong engine"}, engine_id=99)
+    inboxes = Inboxes({0: paths[0]})
+    try:
+        assert inboxes.takers([0], data.release, "token") == []
+        replies, errors = inboxes.call([0], data.release, "token", timeout=5)
+        assert replies == {}
+        assert errors == {0: "its engine's inbox refused the request (its inbox is gone)"}
+    finally:
+        inboxes.close()
+        engine.close()
+
+
+def test_a_process_that_does_not_answer_fails_at_the_bound_and_is_dropped(paths):
+    engine = Engine(paths[0][0], lambda call: None, 10)
+    inboxes = Inboxes({0: paths[0]})
     try:
         began = time.monotonic()
         replies, errors = inboxes.call([0], data.release, "token", timeout=0.3)
@@ -94,6 +115,7 @@ def test_a_process_that_does_not_answer_fails_at_the_bound_and_is_dropped(stack_
 
 
 def test_an_inbox_path_fits_a_unix_socket():
-    stack_file = os.path.join("/tmp", "jaxcluster-stacks-abcdefgh", "4194304.txt")
-    assert inbox.path_for(stack_file).endswith("/4194304.inbox")
-    assert len(inbox.path_for(stack_file)) < 100  # sun_path holds 107 bytes
+    directory = tempfile.mkdtemp(prefix="jaxcluster-")  # where a start puts them
+    os.rmdir(directory)
+    path = os.path.join(directory, f"{uuid.uuid4()}{inbox.SUFFIX}")  # an engine's identity
+    assert len(path) < 100  # sun_path holds 107 bytes

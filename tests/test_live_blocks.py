@@ -81,22 +81,6 @@ def test_every_label_has_the_same_look():
                for h in labels)
 
 
-def test_gloo_connection_chatter_split_across_messages_is_dropped():
-    logs = [log(out("psum: [Gloo] Rank 0 is connected to "), out("7 peer ranks. Expected number "
-                "of connected peer ranks is : 7\n"), out("[28.]\n"))]
-    assert shown(logs) == [([0], "psum: [28.]\n")]
-
-
-def test_gloo_chatter_whose_second_half_never_comes_is_dropped():
-    # seen in 01-quickstart: the half ending the message came after the cell had ended
-    logs = [log(out("psum over all devices: [Gloo] Rank 0 is connected to "), out("[28.]\n"))]
-    assert shown(logs) == [([0], "psum over all devices: [28.]\n")]
-    # and when it does come, later, alone
-    late = log(out("psum: [Gloo] Rank 0 is con"), out("nected to "), out("[28.]\n"),
-               out("7 peer ranks. Expected number of connected peer ranks is : 7\n"), out("x\n"))
-    assert shown([late]) == [([0], "psum: [28.]\nx\n")]
-
-
 def test_consecutive_text_is_one_output_and_a_display_its_own():
     logs = [log(out("a\n"), ("display_data", {"data": WIDGET}), out("b\n")),
             log(out("a\n"), out("c\n"))]

@@ -16,7 +16,6 @@ import zmq
 from jupyter_client.session import Session
 
 from jaxcluster import JaxCluster
-from jaxcluster.engine import inbox
 from tests.conftest import stopped_at_the_end
 
 pytestmark = pytest.mark.cluster
@@ -117,7 +116,7 @@ def test_local_engines_inboxes_are_unix_sockets_only_their_owner_reaches(cluster
             c.laddr for c in psutil.Process(proc.pid).net_connections(kind="unix")
             if c.laddr and c.status in ("LISTEN", psutil.CONN_NONE)
         }
-        path = inbox.path_for(cluster._stack_files[proc.process_index])
+        path = cluster.inboxes.path(proc.process_index)
         assert path in listening, listening
         assert {p for p in listening if not p.startswith("@")} == {path}  # "@": abstract
         assert stat.S_ISSOCK(os.stat(path).st_mode)

@@ -104,9 +104,12 @@ def test_last_expression_values(ip):
 
 
 def test_gloo_noise_is_filtered_and_psum_is_right(ip):
-    text, _ = spmd(ip, PSUM + "print(multihost_utils.process_allgather(jnp.ones(())).sum())")
-    assert "Gloo" not in text
-    assert text.strip() == "[processes 0-3]\n4.0"
+    """The engines capture C-level output (a line written to fd 1 arrives), and gloo's, which
+    it writes there as the first collective connects the processes, does not."""
+    text, _ = spmd(ip, PSUM + "import os\nos.write(1, b'written by C\\n')\n"
+                       "print(multihost_utils.process_allgather(jnp.ones(())).sum())")
+    assert "Gloo" not in text and "peer ranks" not in text
+    assert sorted(text.strip().splitlines()) == ["4.0", "[processes 0-3]", "written by C"]
 
 
 def test_error_on_one_process(ip):
@@ -246,21 +249,23 @@ def test_a_cell_here_reaches_every_process_through_its_inbox_not_ipyparallel(ip,
     assert len(cluster.client.metadata) == filed_before  # the client forgot each cell's records
 
 
-def test_a_cell_goes_through_ipyparallel_when_a_process_has_no_inbox(ip, cluster):
-    """Process 1's inbox cannot be reached (its socket file moved away): the whole cell goes
-    through ipyparallel, with the same output."""
-    from jaxcluster.engine import inbox
-
-    path = inbox.path_for(cluster._stack_files[1])
-    os.rename(path, path + ".moved")
+def test_a_cell_never_runs_on_another_process_whose_inbox_a_path_leads_to(ip, cluster):
+    """Process 1's inbox path leads to process 2's engine (as when two hosts' engines share a
+    folder and a pid): that engine greets with its own id, so process 1 is sent the cell
+    through its back channel, and every process runs its own cell, once."""
+    paths = {p.process_index: cluster.inboxes.path(p.process_index) for p in cluster.processes}
+    os.rename(paths[1], paths[1] + ".moved")
+    os.symlink(paths[2], paths[1])
     cluster.inboxes.close()
     try:
         sent_before = len(cluster.client.history)
-        text, _ = spmd(ip, "print('around', jax.process_index() % 2)")
-        assert len(cluster.client.history) == sent_before + 4
-        assert text.strip() == "[processes 0,2]\naround 0\n[processes 1,3]\naround 1"
+        text, _ = spmd(ip, "import os\nprint(jax.process_index(), os.getpid())")
+        assert len(cluster.client.history) == sent_before  # no ipyparallel request either
+        assert text.strip() == "\n".join(
+            f"[process {p.process_index}]\n{p.process_index} {p.pid}" for p in cluster.processes)
     finally:
-        os.rename(path + ".moved", path)
+        os.remove(paths[1])
+        os.rename(paths[1] + ".moved", paths[1])
         cluster.inboxes.close()
 
 

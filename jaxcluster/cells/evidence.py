@@ -1,45 +1,56 @@
-"""Python stacks of stuck processes, from ``faulthandler`` dumps. Pure.
-
-A process blocked in a collective holds no Python lock we could use and ignores SIGINT, but
-``faulthandler`` dumps its stacks from a C signal handler, so each engine registers it for
-SIGUSR1 (``engine/__main__.py``) and the client reads the dump from a file.
+"""Where the processes of a running cell are, asked over the back channel on every host while
+they run (``engine/backchannel.py``): each main thread's stack, as the user's frames, and the
+multi-process program it dispatched last; and what processes that ended the cell dispatched.
+A process blocked in a collective releases the GIL, so its engine answers; one that holds it
+(or is gone) answers nothing in time, and nothing is concluded from it.
 """
 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
+from typing import Any
 
+from .backchannel import BackChannel
+
+WAIT = 2.0  # seconds a process gets to say where it is
 # Frames of the machinery around the user's code; they say nothing about where it is stuck.
 FRAMEWORK = re.compile(
     r"/(ipyparallel|ipykernel|IPython|tornado|asyncio|zmq|traitlets|jaxcluster|threading\.py|"
     r"runpy\.py|selectors\.py|concurrent)[/.]|<frozen runpy>"
 )
-SITE_PACKAGES = re.compile(r'File "[^"]*/(site|dist)-packages/')
-CELL_FILE = re.compile(r'File "[^"]*/ipykernel_\d+/\d+\.py"')
-THREAD_HEADER = re.compile(r"^(Current thread|Thread) 0x[0-9a-f]+")
+SITE_PACKAGES = re.compile(r"^.*/(site|dist)-packages/")
+CELL_FILE = re.compile(r"/ipykernel_\d+/\d+\.py$")
 
 
-def main_thread_stack(dump: str) -> str:
-    """The stack of the thread that runs the cell, user frames first-called first.
-
-    faulthandler prints "most recent call first"; we reverse it to read like a traceback and
-    keep only frames outside the engine machinery (the cell and the libraries it called).
-    """
-    threads = _split_threads(dump)
-    # the main thread is the one started by the engine's entry point
-    main = next((t for t in threads if any("jaxcluster/engine/__main__.py" in f for f in t)), None)
-    if main is None:
-        main = threads[0] if threads else []
-    frames = [CELL_FILE.sub('File "<cell>"', f.strip()) for f in reversed(main)]
-    frames = [SITE_PACKAGES.sub('File "', f) for f in frames if not FRAMEWORK.search(f)]
-    return "\n".join(frames)
+@dataclass(frozen=True)
+class Where:
+    stack: str  # the user's frames, ``File "<cell>", line 3 in <module>``, innermost last
+    record: dict | None  # the dispatch record (``engine/dispatch.py``); None: none kept there
 
 
-def _split_threads(dump: str) -> list[list[str]]:
-    threads: list[list[str]] = []
-    for line in dump.splitlines():
-        if THREAD_HEADER.match(line):
-            threads.append([])
-        elif line.startswith("  File ") and threads:
-            threads[-1].append(line)
-    return threads
+def where(channel: BackChannel, processes: list[int], wait: float = WAIT) -> dict[int, Where]:
+    """Where each of ``processes`` is; absent: no answer within ``wait``."""
+    answers, _ = channel.call(processes, "where", timeout=wait)
+    return {p: Where(user_stack(a["stack"]), a["dispatch"]) for p, a in answers.items()}
+
+
+def dispatch_counts(
+    channel: BackChannel, processes: list[int], wait: float = WAIT
+) -> dict[int, dict]:
+    """This cell's multi-process dispatches of each of ``processes`` (``engine.dispatch.counts``);
+    absent: no answer in time, or no dispatch record kept there."""
+    answers, _ = channel.call(processes, "counts", timeout=wait)
+    return {p: a for p, a in answers.items() if a.get("installed")}
+
+
+def user_stack(frames: list[Any]) -> str:
+    """The frames outside the engine machinery (the cell and the libraries it called), one
+    ``File "path", line N in name`` a line, outermost first, as a traceback reads."""
+    lines = []
+    for filename, lineno, name in frames:
+        if FRAMEWORK.search(filename):
+            continue
+        shown = "<cell>" if CELL_FILE.search(filename) else SITE_PACKAGES.sub("", filename)
+        lines.append(f'File "{shown}", line {lineno} in {name}')
+    return "\n".join(lines)

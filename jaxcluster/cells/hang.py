@@ -12,7 +12,12 @@ others* when both hold:
 Only then can it never finish. A process busy with its own work (Python, I/O, ``time.sleep``, a
 jitted computation on its own devices) is not hung, however long it takes. Where the dispatch
 record is missing (JAX's internals differ), the stack alone decides; where not even the stack
-can be read (engines on other hosts), nothing is declared: only ``--timeout`` bounds the cell.
+can be read (a process that holds the GIL in C, or answers nothing), nothing is declared: only
+``--timeout`` bounds the cell.
+
+A cell that ended everywhere can still leave the processes out of step: a collective that
+failed (``collective_failure``: gloo's or NCCL's timeout), or programs dispatched unequally
+(``out_of_step``), and the next collective would pair with the wrong partner.
 """
 
 from __future__ import annotations
@@ -23,6 +28,11 @@ from dataclasses import dataclass
 
 from ..render.labels import parse_process_spec, process_label
 
+# how JAX reports a collective that failed (gloo's and NCCL's timeouts, a lost peer)
+COLLECTIVE_FAILURE = re.compile(
+    r"DEADLINE_EXCEEDED|GetKeyValue\(\) timed out|[Gg]loo|NCCL|[Cc]ollective|"
+    r"connection (reset|refused|closed)"
+)
 JAX_FRAME = re.compile(r'File "(?:[^"]*/)?(?:jax|jaxlib)/[^"]*", line \d+ in (\S+)')
 CELL_FRAME = re.compile(r'File "<cell>", line (\d+)')
 
@@ -143,6 +153,12 @@ def out_of_step(answers: dict[int, dict]) -> tuple[list[int], str]:
             clauses.append(f"{process_label(front)} dispatched `{name}`, which "
                            f"{process_label(behind)} never ran as often")
     return sorted(ahead), "; ".join(clauses)
+
+
+def collective_failure(error: dict) -> bool:
+    """Whether a process's error is JAX's runtime reporting a failed collective."""
+    runtime = error.get("ename") in ("XlaRuntimeError", "JaxRuntimeError")
+    return runtime and bool(COLLECTIVE_FAILURE.search(str(error.get("evalue", ""))))
 
 
 def where(stack: str | None) -> str:

@@ -1,9 +1,10 @@
 """The inboxes of the processes on this host (``engine/inbox.py``): a few named engine calls
 sent to many processes at once without ipyparallel's round trip, each wait bounded.
 
-A process is reachable when its engine listens on the inbox next to its stack-dump file and
-this notebook can connect to it: an engine on another host has no such file here, one that
-died refuses the connection. Unreachable processes are left to ipyparallel by the caller.
+Only processes that showed they run on this host have an inbox (``process.same_host``), and one
+is used only once its engine greeted the connection with the engine id this notebook expects:
+a path never decides it. One that died refuses the connection. Unreachable processes are left
+to the back channel by the caller.
 """
 
 from __future__ import annotations
@@ -18,17 +19,12 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from ..engine import inbox
+from .backchannel import CallError, Replies, collect
 
-Replies = tuple[dict[int, Any], dict[int, str]]  # answers and errors, by process index
 # seconds a connect or a send may block: an engine busy in a cell accepts and reads only after
 # it, and its socket's backlog and buffer may be full meanwhile
 BLOCK_SECONDS = 5.0
 CLOSED = "its engine closed the connection (did it die?)"
-
-
-class InboxError(Exception):
-    """A call an inbox refused or failed: ``Type: message`` from the engine, or why the
-    notebook got no answer."""
 
 
 class Pending:
@@ -40,7 +36,7 @@ class Pending:
         for process in sorted([*sent, *errors]):
             self.answers[process] = concurrent.futures.Future()
             if process in errors:
-                self.answers[process].set_exception(InboxError(errors[process]))
+                self.answers[process].set_exception(CallError(errors[process]))
         self._wake, self._woken = socket.socketpair()
         self._reader = threading.Thread(
             target=self._read, args=(sent,), name="jaxcluster-inboxes", daemon=True)
@@ -67,14 +63,14 @@ class Pending:
             raw = b""
         answer = self.answers[process]
         if not raw:
-            answer.set_exception(InboxError(CLOSED))
+            answer.set_exception(CallError(CLOSED))
             return
         try:
             reply = json.loads(raw)
         except ValueError:
             reply = {"error": f"its engine answered what is not JSON: {raw[:80]!r}"}
         if "error" in reply:
-            answer.set_exception(InboxError(reply["error"]))
+            answer.set_exception(CallError(reply["error"]))
         else:
             answer.set_result(reply["value"])
 
@@ -98,9 +94,14 @@ def _failed_with(answer: concurrent.futures.Future) -> str | None:
 class Inboxes:
     """Connections to the inboxes of one cluster's processes, opened on first use."""
 
-    def __init__(self, stack_files: dict[int, str] | None = None) -> None:
-        self._paths = {p: inbox.path_for(f) for p, f in (stack_files or {}).items()}
+    def __init__(self, paths: dict[int, tuple[str, int]] | None = None) -> None:
+        """``paths``: process index -> its inbox and the engine id that must answer there."""
+        self._paths = dict(paths or {})
         self._connections: dict[int, socket.socket] = {}
+
+    def path(self, process: int) -> str | None:
+        """Where a process's inbox is, if it has one on this host."""
+        return self._paths[process][0] if process in self._paths else None
 
     def takers(
         self, processes: Iterable[int], function: Callable[..., Any], *args: Any
@@ -122,15 +123,7 @@ class Inboxes:
         pending = self.start({p: request(function, *args) for p in processes})
         concurrent.futures.wait(pending.answers.values(), timeout)
         self.finish(pending)
-        replies, errors = {}, {}
-        for p, answer in pending.answers.items():
-            if not answer.done():
-                errors[p] = f"no answer within {timeout:g} s"
-            elif (failure := _failed_with(answer)) is not None:
-                errors[p] = failure
-            else:
-                replies[p] = answer.result()
-        return replies, errors
+        return collect(pending.answers, timeout)
 
     def start(self, requests: dict[int, bytes]) -> Pending:
         """Send each process its request (from ``request``); the answers come to the
@@ -160,11 +153,15 @@ class Inboxes:
     def _connection(self, process: int) -> socket.socket | None:
         conn = self._connections.get(process)
         if conn is None and process in self._paths:
+            path, engine_id = self._paths[process]
             conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
             conn.settimeout(BLOCK_SECONDS)
             try:
-                conn.connect(self._paths[process])
-            except OSError:
+                conn.connect(path)
+                greeting = json.loads(conn.recv(inbox.MAX_MESSAGE) or b"{}")
+            except (OSError, ValueError):
+                greeting = {}
+            if greeting.get("engine_id") != engine_id:  # not the engine of this process
                 conn.close()
                 return None
             self._connections[process] = conn

@@ -18,31 +18,7 @@ from typing import Any
 from ..render.labels import bundle_key
 
 CR = re.compile(r".*\r(?=[^\n])")  # a \r that is followed by more text rewrites its line
-GLOO_HALF = len("[Gloo] Rank 65535 is connected to ")
 OUTPUT_MESSAGES = frozenset({"stream", "display_data", "update_display_data", "clear_output"})
-
-# The runtime's own chatter, not the user's output: gloo announces every connection it makes.
-# It writes from the devices' threads while the cell runs, so its messages can land in the
-# middle of a printed line, run together, or even interleave with each other mid-message.
-GLOO_RUN = re.compile(
-    r"((?:\[Gloo\] Rank \d+ is connected to "
-    r"|\d+ peer ranks\. Expected number of connected peer ranks is : \d+)+)(\n*)"
-)
-
-
-def _drop_gloo(match: re.Match) -> str:
-    # each message brings one newline (after its second half); any others are the user's
-    return match[2][match[1].count("peer ranks is"):]
-
-
-def clean_stream(text: str) -> str:
-    return GLOO_RUN.sub(_drop_gloo, text) if has_gloo(text) else text
-
-
-def has_gloo(text: str) -> bool:
-    """Whether ``text`` holds gloo's chatter (either half of a message: they come apart)."""
-    return "[Gloo]" in text or "peer ranks is" in text
-
 
 @dataclass
 class Output:
@@ -61,9 +37,6 @@ class ProcessLog:
 
     outputs: list[Output] = field(default_factory=list)
     clear_pending: bool = False  # clear_output(wait=True): clear when the next output comes
-    # gloo's chatter is in the text: cleaned at each message until gone. Its halves come in
-    # separate writes, and the second may come only after the cell ended, or never.
-    gloo_pending: bool = False
 
     def apply(self, kind: str, content: dict[str, Any]) -> None:
         if kind == "clear_output":
@@ -90,24 +63,11 @@ class ProcessLog:
             last.text += text
             if "\r" in text:
                 last.text = CR.sub("", last.text)
-            if has_gloo(text):
-                self.gloo_pending = True
-            if self.gloo_pending:
-                self._drop_gloo()
         elif kind == "display_data":
             self.outputs.append(Output(
                 data=content.get("data"), metadata=content.get("metadata"),
                 display_id=(content.get("transient") or {}).get("display_id"),
             ))
-
-
-    def _drop_gloo(self) -> None:
-        self.gloo_pending = False
-        for out in self.outputs:
-            if out.data is None and has_gloo(out.text):
-                out.text = clean_stream(out.text)
-                # what is left unmatched at the end may be a message's first half in pieces
-                self.gloo_pending |= "[Gloo]" in out.text[-GLOO_HALF:]
 
 
 class Relay:

@@ -1,17 +1,16 @@
 """One ``%%spmd`` cell sent to every process, and what its watcher reads while it runs.
 
-Two routes behind one interface (``CellRequest``):
-
-- **through the inboxes** (``engine/inbox.py``), when every process listens on one on this host:
-  each engine runs the cell between requests, as its next cell. ipyparallel's round trip
-  through the controller (request, reply, and the busy/input/idle messages around them) was
-  most of a trivial cell's cost: asked through the inboxes, ``x = 1`` took 0.13 of ``%%px`` at 16
-  and 64 processes. The cell's output still goes out on iopub, under a header of the notebook's
-  own ipyparallel session (``Client.create_message_futures``), so ipyparallel's client files it
-  in ``Client.metadata``, relays widget comms, and hands each message to the live relay, as for
-  its own requests; an ``idle`` status ends each process's messages.
-- **through ipyparallel** (``DirectView.execute``) otherwise: processes on other hosts or whose
-  inbox is gone, and a cell too large for one inbox message.
+Each engine runs the cell between requests, as its next cell (``engine/cells.run_cell``), asked
+through its inbox where it runs on this host (``engine/inbox.py``) and through its back channel
+elsewhere (``engine/backchannel.py``), or when the cell is too large for one inbox message.
+ipyparallel's execute request would cost a round trip through the controller with the busy,
+input and idle messages around it, most of a trivial cell's cost: asked through the inboxes,
+``x = 1`` took 0.13 of ``%%px`` at 16 and 64 processes. It would also never answer a cell that
+awaits at top level, which the engine runs here as a task on its event loop. The cell's output
+still goes out on iopub, under a header of the notebook's own ipyparallel session
+(``Client.create_message_futures``), so ipyparallel's client files it in ``Client.metadata``,
+relays widget comms, and hands each message to the live relay, as for its own requests; an
+``idle`` status ends each process's messages.
 """
 
 from __future__ import annotations
@@ -42,66 +41,15 @@ class CellRequest(Protocol):
 
     def metadata(self) -> list[dict]: ...  # ipyparallel's record of each process: output, status
 
-    def final_metadata(self) -> list[dict]: ...  # the same, read once every process ended
-
-    def wait_for_output(self, timeout: float) -> bool: ...
-
     def close(self) -> None: ...
 
 
 def submit(cluster: ClusterHandle, code: str, label: str | None, relay: Relay) -> CellRequest:
     """Send ``code`` to every process of ``cluster``; ``relay`` gets every output message."""
-    everyone = [p.process_index for p in cluster.processes]
-    sample = _parent(cluster.client.session.msg_header("execute_request"), label)
-    if cluster.inboxes.takers(everyone, cells.run_cell, code, sample) == everyone:
-        return _ThroughInboxes(cluster, code, label, relay)
-    ar = cluster.view.execute(code, silent=False, block=False, label=label)
-    return _ThroughIpyparallel(ar, relay)
+    return _Cell(cluster, code, label, relay)
 
 
-class _ThroughIpyparallel:
-    def __init__(self, ar: Any, relay: Relay) -> None:
-        self.ar = ar
-        # ipyparallel keeps display updates, clear_output and their order only in the
-        # messages, which reach ``MessageFuture.iopub_callbacks`` of each engine's future.
-        # AsyncResult has no public accessor for those futures, so this reads ``_children``,
-        # exactly as its own ``stream_output`` does (tests/test_live_output.py fails first if
-        # ipyparallel changes that).
-        for index, future in enumerate(ar._children):
-            future.iopub_callbacks.append(_passer(relay, index))
-            md = future.output.metadata
-            if md["stdout"] or md["stderr"] or md["outputs"]:  # came before the hook: rare
-                for name in ("stdout", "stderr"):
-                    if md[name]:
-                        relay.receive(index, "stream", {"name": name, "text": md[name]})
-                for output in md["outputs"]:
-                    relay.receive(index, "display_data", output)
-
-    def wait(self, timeout: float | None) -> bool:
-        return bool(self.ar.wait(timeout))
-
-    def parts(self) -> list[concurrent.futures.Future]:
-        return list(self.ar.split())
-
-    def metadata(self) -> list[dict]:
-        return list(self.ar.metadata)
-
-    def final_metadata(self) -> list[dict]:
-        # ExecuteReply.metadata is the same record as AsyncResult.metadata, without parsing
-        # its dates each time
-        replies = self.ar.get(0, return_exceptions=True)
-        if any(isinstance(r, BaseException) for r in replies):
-            return self.metadata()
-        return [r.metadata for r in replies]
-
-    def wait_for_output(self, timeout: float) -> bool:
-        return bool(self.ar.wait_for_output(timeout))
-
-    def close(self) -> None:
-        pass
-
-
-class _ThroughInboxes:
+class _Cell:
     """A process has ended the cell once its engine answered and its output came (or
     ``OUTPUT_GRACE`` passed, or its engine hung up)."""
 
@@ -109,21 +57,27 @@ class _ThroughInboxes:
         self.client = cluster.client
         self.inboxes = cluster.inboxes
         self.outputs: list[Any] = []  # ipyparallel's output future of each process's header
-        requests = {}
+        parents = {}
         for p in cluster.processes:
             header = self.client.session.msg_header("execute_request")
             future, output = self.client.create_message_futures(
                 header["msg_id"], header, async_result=True, label=label)
             future.iopub_callbacks.append(_passer(relay, p.process_index))
             self.outputs.append(output)
-            requests[p.process_index] = request(cells.run_cell, code, _parent(header, label))
+            parents[p.process_index] = _parent(header, label)
         self.msg_ids = [output.msg_id for output in self.outputs]
+        near = set(self.inboxes.takers(list(parents), cells.run_cell, code, parents[0]))
+        self.pending: Pending = self.inboxes.start(
+            {p: request(cells.run_cell, code, parent) for p, parent in parents.items()
+             if p in near})
+        far = cluster.backchannel.start(
+            {p: ("run_cell", [code, parent]) for p, parent in parents.items() if p not in near})
+        self.answers = {**self.pending.answers, **far}
         self.ended: list[concurrent.futures.Future[None]] = [
             concurrent.futures.Future() for _ in self.outputs]
         self.answered_at: list[float | None] = [None] * len(self.outputs)
         self._lock = threading.Lock()
-        self.pending: Pending = self.inboxes.start(requests)
-        for index, answer in self.pending.answers.items():
+        for index, answer in self.answers.items():
             answer.add_done_callback(functools.partial(self._answered, index))
             self.outputs[index].add_done_callback(functools.partial(self._output_came, index))
 
@@ -135,7 +89,7 @@ class _ThroughInboxes:
         self._check(index)
 
     def _check(self, index: int, now: float | None = None) -> None:
-        answer = self.pending.answers[index]
+        answer = self.answers[index]
         if not answer.done():
             return
         at = self.answered_at[index]  # None until the answer's callback ran
@@ -165,7 +119,7 @@ class _ThroughInboxes:
         return records
 
     def _status(self, index: int) -> dict[str, Any]:
-        answer = self.pending.answers[index]
+        answer = self.answers[index]
         failure = answer.exception()
         if failure is None and answer.result():
             return {"status": "ok"}
@@ -176,12 +130,6 @@ class _ThroughInboxes:
             return {"status": "error", "error": RemoteError("EngineError", text, "")}
         name, _, message = text.partition(": ")
         return {"status": "error", "error": RemoteError(name, message, "")}
-
-    def final_metadata(self) -> list[dict]:
-        return self.metadata()
-
-    def wait_for_output(self, timeout: float) -> bool:
-        return True  # a process's end includes its output
 
     def close(self) -> None:
         self.inboxes.finish(self.pending)

@@ -1,13 +1,15 @@
 """Lockstep execution: one cell on every JAX process, and a cell that always comes back.
 
 ``run`` sends the code to every engine at once and watches the processes while they run.
-Once some have ended, it looks at the others every few seconds (their stacks and dispatch
-records, see ``hang.py``) and tells where they are. It gives up on the cell only with proof
-(after ``hang_after`` seconds, some running process waits inside JAX on a process that has
-ended without dispatching what it waits for), at ``timeout``, when the caller is interrupted,
-or when an engine dies. Then the least destructive recovery first: the running processes are
-interrupted, and those that stop keep their state; only when some cannot be stopped is the
-cluster restarted (a death always needs one), and its setup cells replayed.
+Once some have ended, it asks the others every few seconds where they are (their stacks and
+dispatch records, over the back channel on every host: ``evidence.py``, ``hang.py``). It gives
+up on the cell only with proof (after ``hang_after`` seconds, some running process waits inside
+JAX on a process that has ended without dispatching what it waits for), at ``timeout``, when
+the caller is interrupted, or when an engine dies. Then the least destructive recovery first:
+the running processes are interrupted, and those that stop keep their state; only when some
+cannot be stopped, or the processes' collectives are left out of step (after an interrupt, or a
+cell that ended with a failed collective or with dispatch counts that differ), is the cluster
+restarted (a death always needs one), and its setup cells replayed.
 """
 
 from __future__ import annotations
@@ -22,8 +24,8 @@ from typing import Any
 from ..contracts import ClusterHandle
 from ..errors import UNKNOWN_ERROR, SPMDError, remote_error
 from ..render.labels import process_label
-from . import global_values, hang, requests
-from .live import Relay, clean_stream
+from . import evidence, global_values, hang, requests
+from .live import Relay
 
 DEFAULT_HANG_AFTER = 10.0
 INTERRUPT_GRACE = 3.0  # seconds the processes get to stop after SIGINT before they count as stuck
@@ -56,13 +58,13 @@ class ProcessOutput:
 class SPMDResult:
     processes: list[ProcessOutput]
     elapsed: float = 0.0
-    failure: str | None = None  # None, "hang", "timeout", "interrupt", "died"
-    diagnosis: str = ""  # why a hang is one: who waits on whom
+    failure: str | None = None  # None, "hang", "timeout", "interrupt", "died", "out of step"
+    diagnosis: str = ""  # why a hang is one (who waits on whom), or how collectives diverged
     timeout: float | None = None
     interrupted: list[int] = field(default_factory=list)  # stopped by SIGINT, state kept
     restarted: bool = False
     restart_error: str | None = None
-    restart_reason: str = ""  # why a restart was needed
+    restart_reason: str = ""  # why a restart is needed; "" when none is
     restart_summary: str = ""  # the restarted cluster: "4 processes × … ready in 5.2 s"
     replay: Any = None  # recovery.Replay of the setup cells after the restart
     live: Relay | None = None  # every process's outputs, message by message, as they came
@@ -131,7 +133,7 @@ def run(
     result.elapsed = time.monotonic() - began
     idle = not any(p.state in ("running", "stuck", "died") for p in result.processes)
     result.values = global_values.resolve(cluster.view if idle else None, result)
-    if result.failure and any(p.state in ("stuck", "died") for p in result.processes):
+    if result.failure and result.restart_reason:
         if on_update is not None:
             on_update(result)  # the report is shown now, not after the restart
         if recover:
@@ -223,10 +225,11 @@ class _Watcher:
 
     def _finish(self) -> None:
         """Every process answered: read what each produced, once."""
-        self.cell.wait_for_output(5)
         self.seen = [None] * len(self.result.processes)  # read all, complete now
-        self._collect(self.cell.final_metadata())
+        self._collect(self.cell.metadata())
         self._settle_deaths()
+        if not self.result.failure and self.result.errors:
+            self._check_failed_cell()
 
     def stop_running(self, failure: str) -> None:
         """The ladder's first rung: interrupt the running processes. Those that stop keep
@@ -234,9 +237,9 @@ class _Watcher:
         those left with a multi-process program in flight that others never ran."""
         running = [p for p in self.result.processes if p.state == "running"]
         if running:
-            self.cluster.signal([p.process_index for p in running], signal.SIGINT)
+            self.cluster.backchannel.tell([p.process_index for p in running], "signal",
+                                          signal.SIGINT)
             self.cell.wait(INTERRUPT_GRACE)
-            self.cell.wait_for_output(1)
             self._collect(self.cell.metadata())
         self.result.failure = failure
         self.result.interrupted = [p.process_index for p in running if p.state != "running"]
@@ -250,7 +253,7 @@ class _Watcher:
     def _check_in_step(self) -> None:
         """Every process is idle again: are their collectives still in step?"""
         everyone = list(range(len(self.result.processes)))
-        answers = self.cluster.dispatch_counts(everyone)
+        answers = evidence.dispatch_counts(self.cluster.backchannel, everyone)
         if len(answers) < len(everyone):
             return  # no dispatch record somewhere: nothing to compare
         ahead, words = hang.out_of_step(answers)
@@ -264,15 +267,31 @@ class _Watcher:
                 "collectives are out of step"
             )
 
+    def _check_failed_cell(self) -> None:
+        """Every process ended, some with an error: did a collective fail, or did the
+        processes dispatch their multi-process programs unequally? Either leaves their
+        collectives out of step: the next one would pair with the wrong partner, or fail too."""
+        everyone = list(range(len(self.result.processes)))
+        answers = evidence.dispatch_counts(self.cluster.backchannel, everyone)
+        _, words = hang.out_of_step(answers) if len(answers) == len(everyone) else ([], "")
+        failed = [p.process_index for p in self.result.errors
+                  if hang.collective_failure(p.error or {})]
+        if failed and not words:
+            words = f"{process_label(failed)} failed in a collective"
+        if words:
+            self.result.failure = "out of step"
+            self.result.diagnosis = words
+            self.result.restart_reason = "the processes' collectives are out of step"
+
     def _collect(self, metadata: list[dict]) -> None:
         for i, (proc, md) in enumerate(zip(self.result.processes, metadata, strict=True)):
             seen = (len(md["stdout"]), len(md["stderr"]), len(md["outputs"]), md["status"],
                     md["execute_result"] is not None, md["error"] is not None)
             if seen == self.seen[i]:
-                continue  # a long stream is not cleaned again while it has not grown
+                continue  # a long stream is not copied again while it has not grown
             self.seen[i] = seen
-            proc.stdout = clean_stream(md["stdout"])
-            proc.stderr = clean_stream(md["stderr"])
+            proc.stdout = md["stdout"]
+            proc.stderr = md["stderr"]
             proc.outputs = [dict(o) for o in md["outputs"]]
             proc.result = (md["execute_result"] or {}).get("data") if md["execute_result"] else None
             status = md["status"]
@@ -338,19 +357,20 @@ class _Watcher:
         running = [p.process_index for p in self.result.processes if p.state == "running"]
         if not running:
             return {}
-        stacks = self.cluster.dump_stacks(running)
-        records = self.cluster.dispatch_records(running)
+        found = evidence.where(self.cluster.backchannel, running)
+        stacks = {i: w.stack for i, w in found.items()}
+        records = {i: w.record for i, w in found.items()}
         for index in running:
             self.result.processes[index].where = hang.where(stacks.get(index))
         if not judge:
             return {}
         ended = {p.process_index: _how_ended(p) for p in self.result.processes
                  if p.state in ("done", "error", "died")}
-        if any("key" in records.get(i, {}) and hang.jax_function(stacks.get(i) or "")
+        if any("key" in (records.get(i) or {}) and hang.jax_function(stacks.get(i) or "")
                for i in running):
             unasked = [i for i in ended if i not in self.counts and ended[i] != "died"]
             if unasked:
-                self.counts.update(self.cluster.dispatch_counts(unasked))
+                self.counts.update(evidence.dispatch_counts(self.cluster.backchannel, unasked))
         waiting = {}
         for index in running:
             wait = hang.waits_on_others(stacks.get(index), records.get(index), ended, self.counts)
@@ -363,11 +383,12 @@ class _Watcher:
         stuck = [p for p in self.result.processes if p.state == "running"]
         # a hang's stacks were read when it was found; still running, they are still there
         unread = [p.process_index for p in stuck if not p.stack]
-        stacks = self.cluster.dump_stacks(unread) if unread else {}
+        found = evidence.where(self.cluster.backchannel, unread) if unread else {}
         for proc in stuck:
             proc.state = "stuck"
             proc.reason = reason
-            proc.stack = stacks.get(proc.process_index, proc.stack)
+            if proc.process_index in found:
+                proc.stack = found[proc.process_index].stack
 
 
 def _how_ended(proc: ProcessOutput) -> str:

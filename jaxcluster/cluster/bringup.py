@@ -75,10 +75,10 @@ class Launched:
     watchdog: subprocess.Popen | None = None
 
 
-def plan(options: ClusterOptions, stack_dir: str) -> Launched:
+def plan(options: ClusterOptions, work_dir: str) -> Launched:
     """The cluster as planned (nothing runs yet); raises what cannot work, e.g. a host that
     ssh cannot reach."""
-    launch = plan_launch(options.launch_request(stack_dir))
+    launch = plan_launch(options.launch_request(work_dir))
     if launch.preflight:
         launch.preflight()
     cluster = ipp.Cluster(

@@ -28,8 +28,8 @@ class JaxProcesses:
 
     processes: list[ProcessInfo]
     coordinator: str | None = None  # None when JAX was initialized before we came
-    # process index -> where that engine dumps its stacks (see health.Health.dump_stacks)
-    stack_files: dict[int, str] = field(default_factory=dict)
+    # process index -> its inbox on this host and the engine id that answers there
+    inboxes: dict[int, tuple[str, int]] = field(default_factory=dict)
 
 
 def initialize(
@@ -39,12 +39,14 @@ def initialize(
     controller_ip: str | None,
     progress: Progress | None = None,
     deadline: float | None = None,
+    inbox_dir: str | None = None,
 ) -> JaxProcesses:
     """``jax.distributed`` on these engines at once; process indices follow launch ranks.
 
     ``deadline`` (``time.monotonic()``): a start's, which every step here ends by, JAX's own
     start-up timeout included. Without one each step may take ``options.timeout``, and a
-    margin more for JAX to report its own timeout.
+    margin more for JAX to report its own timeout. ``inbox_dir``: where engines that show they
+    run on this host open their inbox (``engine/inbox.py``).
     """
 
     def left() -> ClusterOptions:  # options whose timeout is what the deadline leaves
@@ -60,6 +62,7 @@ def initialize(
         engine_ids.sort(key=lambda eid: options.hosts.index(identities[eid]["host"]))
     coordinator = coordinator_address(client, engine_ids[0], identities[engine_ids[0]], left())
     gpus = gpu_assignment(engine_ids, identities, options)
+    here = _engine.host_facts()
     timeout = left().timeout
     pending = {
         eid: client[eid].apply_async(
@@ -73,6 +76,7 @@ def initialize(
             # --coordinator may name an address that is not process 0's own (NAT)
             options.coordinator is None,
             gpus[eid],
+            inbox_dir if _engine.same_host(identities[eid]["facts"], here) else None,
         )
         for index, eid in enumerate(engine_ids)
     }
@@ -222,13 +226,11 @@ def _job(
     coordinator: str | None,
 ) -> JaxProcesses:
     processes = verified_processes(engine_ids, identities, results, options)
-    index_of = {p.engine_id: p.process_index for p in processes}
-    stack_files = {
-        index_of[eid]: identities[eid]["stack_file"]
-        for eid in engine_ids
-        if identities[eid].get("stack_file")
+    inboxes = {
+        p.process_index: (results[p.engine_id]["inbox"], p.engine_id)
+        for p in processes if results[p.engine_id].get("inbox")
     }
-    return JaxProcesses(processes, coordinator, stack_files)
+    return JaxProcesses(processes, coordinator, inboxes)
 
 
 def verified_processes(

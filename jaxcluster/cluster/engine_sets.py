@@ -46,13 +46,18 @@ def exited_engines(cluster: ipp.Cluster | None) -> list[tuple[dict, str]]:
                 # ipyparallel's ssh launcher cannot learn a remote exit code and reports -1
                 data = {**data, "exit_code": None}
             ended.append((data, outputs.get(identifier, "")))
-    return list({data.get("pid"): (data, output) for data, output in ended}.values())
+    # one engine's record may be both an engine's and its set's; pids repeat across hosts
+    return list({(launch_host(data), data.get("pid")): (data, output)
+                 for data, output in ended}.values())
 
 
-def exit_codes(cluster: ipp.Cluster | None) -> dict[int, Any]:
-    """pid -> exit code (negative: signal; None: unknown) of every ended engine."""
+def exit_codes(cluster: ipp.Cluster | None) -> dict[tuple[str, int], Any]:
+    """(--hosts entry, pid) -> exit code (negative: signal; None: unknown) of every ended
+    engine; the entry is "" for engines not started by host name. A pid names a process on its
+    own host only: the same pid on two hosts is two engines."""
     ended = exited_engines(cluster)
-    return {data["pid"]: data.get("exit_code") for data, _ in ended if data.get("pid")}
+    return {(launch_host(data), data["pid"]): data.get("exit_code")
+            for data, _ in ended if data.get("pid")}
 
 
 def any_engine_ends(cluster: ipp.Cluster) -> concurrent.futures.Future[None]:

@@ -2,7 +2,7 @@
 
 A façade over one module per job: ``options`` (settings), ``bringup`` (controller and engines
 up), ``distributed`` (``jax.distributed`` on them), ``attach`` (``connect``), ``health``
-(deaths and stacks), ``event_loop`` (the thread that drives ipyparallel). Running code on the
+(idle, busy, dead), ``event_loop`` (the thread that drives ipyparallel). Running code on the
 processes lives in ``spmd.py``, moving data in ``data``.
 """
 
@@ -16,6 +16,7 @@ from typing import Any
 import ipyparallel as ipp
 
 from ..cells import recovery
+from ..cells.backchannel import BackChannel
 from ..cells.inboxes import Inboxes
 from ..contracts import ProcessInfo, ProcessStatus, Progress
 from ..errors import ConfigError, JaxClusterError, NoClusterError
@@ -61,9 +62,10 @@ class JaxCluster:
         self._launched: bringup.Launched | None = None
         self._client: ipp.Client | None = None
         self._view: ipp.DirectView | None = None
-        self._stack_files: dict[int, str] = {}
-        self._stack_dir: str | None = None
-        # the processes on this host, for calls that skip ipyparallel's round trip (push)
+        self._work_dir: str | None = None  # private to this start: inboxes, launchers' files
+        # calls to the processes while they may be busy, on every host
+        self.backchannel = BackChannel()
+        # the processes on this host, for calls that skip ipyparallel's round trip
         self.inboxes = Inboxes()
         self._loop = LoopThread()
         # cells run with setup=True, replayed in order after every restart
@@ -171,9 +173,9 @@ class JaxCluster:
         began = time.perf_counter()
         deadline = bringup.deadline_for(self.options)
         self.options.check_fits()  # before anything starts
-        self._stack_dir = tempfile.mkdtemp(prefix="jaxcluster-stacks-")
+        self._work_dir = tempfile.mkdtemp(prefix="jaxcluster-")
         try:
-            self._launched = bringup.plan(self.options, self._stack_dir)
+            self._launched = bringup.plan(self.options, self._work_dir)
             self.cluster_id = self._launched.ipp_cluster.cluster_id
             bringup.start_controller(self._launched, self.options, self._loop, deadline)
             bringup.stop_at_exit(self)
@@ -192,16 +194,16 @@ class JaxCluster:
         client, self._client = self._client, None
         self._view = None
         self.processes = []
-        self._stack_files = {}
+        self.backchannel = BackChannel()
         self.inboxes.close()
         if launched is not None:
             bringup.shut_down(launched, self.options, self._loop)
         elif client is not None:
             client.close()
         self._loop.close()
-        if self._stack_dir is not None:
-            shutil.rmtree(self._stack_dir, ignore_errors=True)
-            self._stack_dir = None
+        if self._work_dir is not None:
+            shutil.rmtree(self._work_dir, ignore_errors=True)
+            self._work_dir = None
 
     def restart(self, progress: Progress | None = None, replay: bool = True) -> JaxCluster:
         """Fresh engines and a fresh ``jax.distributed`` with the same options, then the setup
@@ -319,27 +321,6 @@ class JaxCluster:
         """Process index -> how it died, for processes whose engine is gone."""
         return self._health().dead_processes()
 
-    def dump_stacks(self, process_indices: list[int], wait: float = 2.0) -> dict[int, str]:
-        """The current Python stack of each given process whose dump file this machine can
-        read (the dump is written by the process itself, see ``engine/__main__.py``)."""
-        if not self.running:
-            return {}
-        return self._health().dump_stacks(process_indices, wait)
-
-    def signal(self, process_indices: list[int], signum: int) -> None:
-        """Send ``signum`` to the given processes (see ``Health.signal``)."""
-        if self.running:
-            self._health().signal(process_indices, signum)
-
-    def dispatch_records(self, process_indices: list[int]) -> dict[int, dict]:
-        """The latest multi-process program each given process dispatched this cell, read
-        without its help (see ``Health.dispatch_records``)."""
-        return self._health().dispatch_records(process_indices) if self.running else {}
-
-    def dispatch_counts(self, process_indices: list[int], wait: float = 2.0) -> dict[int, dict]:
-        """This cell's dispatch counts of processes that have ended it (they are idle)."""
-        return self._health().dispatch_counts(process_indices, wait) if self.running else {}
-
     def __enter__(self) -> JaxCluster:
         return self.start()
 
@@ -369,7 +350,7 @@ class JaxCluster:
         try:
             job = distributed.initialize(
                 launched.client, engine_ids, self.options, launched.controller_ip, progress,
-                deadline,
+                deadline, self._work_dir,
             )
         except JaxClusterError as e:
             if time.monotonic() < deadline:
@@ -382,13 +363,12 @@ class JaxCluster:
         assert self._client is not None
         self.processes = job.processes
         self.coordinator = job.coordinator
-        self._stack_files = job.stack_files
+        self.backchannel = BackChannel(
+            self._client, {p.process_index: p.engine_id for p in job.processes})
         self.inboxes.close()
-        self.inboxes = Inboxes(job.stack_files)
+        self.inboxes = Inboxes(job.inboxes)
         self._view = self._client[self.engine_ids]
         self._view.block = False
 
     def _health(self) -> Health:
-        return Health(
-            self.launcher, self.client, self.processes, self.ipp_cluster, self._stack_files
-        )
+        return Health(self.launcher, self.client, self.processes, self.ipp_cluster)

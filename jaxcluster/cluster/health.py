@@ -1,31 +1,29 @@
-"""How a cluster's processes are doing: idle, busy or dead, how they died, where they are stuck.
+"""How a cluster's processes are doing: idle, busy or dead, and how they died.
 
-What ipyparallel's launchers recorded (exit codes) comes first; then, for engines on this
-machine, the process table; for engines elsewhere, the controller's heartbeat.
+What the launchers recorded of the engines they started comes first: the local launcher's exit
+codes, and the processes ipyparallel's ssh launcher saw end on their own host (a pid names a
+process on its own host only, so records are matched by host and pid). Then, for local engines,
+which this notebook forked on its own host, the process table; for every other engine, the
+controller's heartbeat. Where a running process is, and signals to it, go over the back channel
+(``cells/evidence.py``).
 """
 
 from __future__ import annotations
 
-import contextlib
-import json
 import os
-import signal
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import ipyparallel as ipp
 import psutil
 
-from ..cells.stacks import main_thread_stack
 from ..contracts import ProcessInfo, ProcessStatus
-from ..engine import dispatch
 from . import engine_sets
 
 # seconds ipyparallel gets to reap an engine that died, so that we can say how it ended
 REAP_SECONDS = 3.0
 POLL_SECONDS = 0.05
-ENGINE_MODULE = "jaxcluster.engine"  # on every engine's command line (launchers.ENGINE_CMD)
 
 
 @dataclass
@@ -36,18 +34,15 @@ class Health:
     client: ipp.Client
     processes: list[ProcessInfo]
     ipp_cluster: ipp.Cluster | None = None  # None when attached: nobody here launched them
-    # process index -> the file its engine dumps its stacks to on SIGUSR1 (engine/__main__.py)
-    stack_files: dict[int, str] = field(default_factory=dict)
 
     def status(self) -> list[ProcessStatus]:
         """One row per JAX process: where it runs and whether it is idle, busy or dead."""
         alive = set(self.client.ids)
         ours = sorted(alive & {p.engine_id for p in self.processes})
         queues = self.client.queue_status(targets=ours, verbose=True) if ours else {}
-        exit_codes = engine_sets.exit_codes(self.ipp_cluster)
         rows = []
         for proc in self.processes:
-            if proc.engine_id not in alive or not self._pid_alive(proc, exit_codes):
+            if proc.engine_id not in alive or not self._pid_alive(proc):
                 state = "dead"
             elif self._running(queues.get(proc.engine_id, {}).get("queue", [])):
                 state = "busy"
@@ -66,127 +61,35 @@ class Health:
 
     def dead_processes(self) -> dict[int, str]:
         """Process index -> how it died, for processes whose engine is gone."""
-        exit_codes = engine_sets.exit_codes(self.ipp_cluster)
         local = self.launcher == "local"
+        exit_codes = engine_sets.exit_codes(self.ipp_cluster)
         alive_ids = None if local else set(self.client.ids)
-        gone = [
-            p for p in self.processes
-            if p.pid not in exit_codes and not self._pid_alive(p, exit_codes)
-        ]
+        gone = [p for p in self.processes
+                if local and self._key(p) not in exit_codes and not _running(p.pid)]
         deadline = time.monotonic() + REAP_SECONDS
-        while local and gone and time.monotonic() < deadline:
+        while gone and time.monotonic() < deadline:
             # ipyparallel's launcher reaps its engines in a thread of its own, and records
             # the exit code only then
             time.sleep(POLL_SECONDS)
             exit_codes = engine_sets.exit_codes(self.ipp_cluster)
-            gone = [p for p in gone if p.pid not in exit_codes]
+            gone = [p for p in gone if self._key(p) not in exit_codes]
         dead = {}
         for proc in self.processes:
-            if proc.pid in exit_codes:
-                dead[proc.process_index] = _death(exit_codes[proc.pid])
-            elif alive_ids is None and not self._pid_alive(proc, exit_codes):
+            if self._key(proc) in exit_codes:
+                dead[proc.process_index] = _death(exit_codes[self._key(proc)])
+            elif alive_ids is None and not _running(proc.pid):
                 dead[proc.process_index] = "died"
             elif alive_ids is not None and proc.engine_id not in alive_ids:
                 dead[proc.process_index] = "stopped answering the controller's heartbeat"
         return dead
 
-    def dump_stacks(self, process_indices: list[int], wait: float = 2.0) -> dict[int, str]:
-        """The current Python stack of each given process whose dump this machine can read.
+    def _key(self, proc: ProcessInfo) -> tuple[str, int]:
+        """How a launcher's record names an engine: by the --hosts entry for ssh."""
+        return (proc.host if self.launcher == "ssh" else "", proc.pid)
 
-        The engine's ``faulthandler`` writes the dump from a C signal handler on SIGUSR1, even
-        while Python is blocked in a collective.
-        """
-        files = {
-            index: self.stack_files[index]
-            for index in process_indices
-            if os.path.isfile(self.stack_files.get(index, ""))
-        }
-        for path in files.values():
-            open(path, "w").close()  # the engine appends; one dump per file
-        if not files:
-            return {}
-        self.signal(list(files), signal.SIGUSR1)
-        stacks: dict[int, str] = {}
-        previous: dict[int, str] = {}
-        deadline = time.monotonic() + wait
-        while files and time.monotonic() < deadline:
-            time.sleep(0.1)
-            for index, path in list(files.items()):
-                with open(path) as f:
-                    dump = f.read()
-                # the signal handler writes the whole dump at once; unchanged means finished
-                if dump and dump == previous.get(index):
-                    stacks[index] = main_thread_stack(dump)
-                    del files[index]
-                previous[index] = dump
-        return stacks
-
-    def signal(self, process_indices: list[int], signum: int) -> None:
-        """Send ``signum`` to the given processes: straight to the pid where this machine
-        launched them (local engines run without ipyparallel's nanny), else through the nanny
-        beside each engine. One that cannot be signalled is dead or lost, which the death
-        checks report."""
-        if self.launcher == "local":
-            for index in process_indices:
-                pid = self.processes[index].pid
-                # never another program that got the pid of an engine that died (SIGUSR1
-                # would end it)
-                with contextlib.suppress(OSError, psutil.Error):
-                    if ENGINE_MODULE in " ".join(psutil.Process(pid).cmdline()):
-                        os.kill(pid, signum)
-            return
-        targets = [self.processes[index].engine_id for index in process_indices]
-        with contextlib.suppress(Exception):
-            self.client.send_signal(signum, targets=targets, block=False)
-
-    def dispatch_records(self, process_indices: list[int]) -> dict[int, dict]:
-        """The latest multi-process dispatch of each given process (``engine/dispatch.py``),
-        read from the record its engine keeps next to its stack file, so a busy process need
-        not answer. ``{"cell": n}``: none this cell; absent: it keeps no record we can read."""
-        records = {}
-        for index in process_indices:
-            stack_file = self.stack_files.get(index)
-            if not stack_file:
-                continue
-            for _ in range(3):  # a record caught being rewritten is read again
-                try:
-                    with open(dispatch.record_path(stack_file), "rb") as f:
-                        records[index] = json.loads(f.read(dispatch.RECORD_SIZE))
-                    break
-                except ValueError:
-                    continue
-                except OSError:
-                    break  # no hook there
-            else:
-                records[index] = {}  # unreadable now: no evidence either way this time
-        return records
-
-    def dispatch_counts(self, process_indices: list[int], wait: float = 2.0) -> dict[int, dict]:
-        """This cell's multi-process dispatches (``engine.dispatch.counts``) of processes that
-        have ended the cell: idle, they answer over ipyparallel. Absent: no answer in time, or
-        no dispatch record kept there."""
-        pending = {}
-        for index in process_indices:
-            with contextlib.suppress(Exception):  # a lost engine has no counts to give
-                engine = self.client[self.processes[index].engine_id]
-                pending[index] = engine.apply_async(dispatch.counts)
-        deadline = time.monotonic() + wait
-        counts = {}
-        for index, ar in pending.items():
-            with contextlib.suppress(Exception):
-                answer = ar.get(max(0.0, deadline - time.monotonic()))
-                if answer.get("installed"):
-                    counts[index] = answer
-        return counts
-
-    def _pid_alive(self, proc: ProcessInfo, exit_codes: dict[int, Any]) -> bool:
-        """``exit_codes``: the ended engines', from ``engine_sets.exit_codes``."""
-        if self.launcher == "ssh":
-            # ipyparallel's ssh launcher watches each remote pid and records its end
-            return proc.pid not in exit_codes
-        if self.launcher != "local":
-            return True  # remote pids mean nothing here; the heartbeat decides
-        return _running(proc.pid)
+    def _pid_alive(self, proc: ProcessInfo) -> bool:
+        """Whether a local engine's process still runs; elsewhere the heartbeat decides."""
+        return self.launcher != "local" or _running(proc.pid)
 
 
 def _running(pid: int) -> bool:

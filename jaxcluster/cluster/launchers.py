@@ -125,8 +125,7 @@ def _plan_local(request: LaunchRequest) -> LaunchPlan:
     engine_set = config.ForkedEngineSetLauncher
     engine_set.stop_seconds_until_kill = STOP_SECONDS_UNTIL_KILL
     # no nanny process beside each engine: it costs a Python start (0.6 s of CPU, 28 MiB) per
-    # engine, and what it does for engines elsewhere is done here from their pids (signals:
-    # Health.signal; deaths: the process table)
+    # engine; signals go over the back channel, and deaths show in the process table here
     engine_set.engine_args = ["--IPEngine.enable_nanny=False"]
     plan = _plan("local", engine_set, config, request, request.ip or "127.0.0.1")
     plan.engine_launcher = LOCAL_ENGINE_SET
@@ -147,6 +146,11 @@ def _plan_ssh(request: LaunchRequest) -> LaunchPlan:
     }
     engine_set.ssh_args = ssh_args
     engine_set.scp_args = ssh_args
+    # ipyparallel runs ssh in our process group, where the kernel's stop button (SIGINT to the
+    # group) ended the ssh that watches each engine; in a session of its own it never sees it
+    if shutil.which("setsid"):
+        config.SSHLauncher.ssh_cmd = ["setsid", "ssh"]
+        config.SSHLauncher.scp_cmd = ["setsid", "scp"]
     engine_set.delay = 0.0
     engine_set.stop_seconds_until_kill = STOP_SECONDS_UNTIL_KILL
     # Engines get the controller's connection info, key included, in their environment, sent

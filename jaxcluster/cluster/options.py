@@ -160,28 +160,26 @@ class ClusterOptions:
         if self.launcher == "local":  # other hosts' memory and limits are unknown here
             check_local_capacity(self.nodes)
 
-    def environment(self, stack_dir: str | None) -> dict[str, str]:
-        """The engines' environment: JAX's platform and device count, ours, then the user's."""
+    def environment(self) -> dict[str, str]:
+        """The engines' environment: JAX's platform and device count, then the user's."""
         devices = None
         if self.platform in (None, "cpu"):
             devices = self.devices_per_node or DEFAULT_CPU_DEVICES
         env = engine_environment(self.platform, devices)
-        if stack_dir:
-            env["JAXCLUSTER_STACK_DIR"] = stack_dir
         env.update(self.engine_env)
         return env
 
-    def launch_request(self, stack_dir: str) -> LaunchRequest:
+    def launch_request(self, work_dir: str) -> LaunchRequest:
         return LaunchRequest(
             launcher=self.launcher,
             nodes=self.nodes,
-            environment=self.environment(stack_dir),
+            environment=self.environment(),
             hosts=list(self.hosts),
             engines_per_host=self.engines_per_host,
             launcher_args=self.launcher_args,
             ip=self.ip,
             timeout=self.timeout,
-            scratch_dir=stack_dir,
+            scratch_dir=work_dir,
         )
 
 

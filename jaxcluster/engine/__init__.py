@@ -1,9 +1,11 @@
 """What runs on an engine, in one JAX process; the notebook sends these modules' functions by
-reference. It offers ``process``, ``forking``, ``cells``, ``inbox``, ``dispatch``, ``values``,
-``data``, ``sharding`` and ``introspect``; ``__main__`` is what every launcher runs
-(``python -m jaxcluster.engine``). IPython only where the engine's own shell is needed."""
+reference. It offers ``process``, ``forking``, ``cells``, ``inbox``, ``backchannel``,
+``dispatch``, ``values``, ``data``, ``sharding`` and ``introspect``; ``__main__`` is what every
+launcher runs (``python -m jaxcluster.engine``). IPython only where the engine's own shell is
+needed."""
 
 __all__ = [
+    "backchannel",
     "cells",
     "data",
     "dispatch",

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-import faulthandler
 import os
-import signal
 import sys
 
 from . import forking
@@ -29,10 +27,12 @@ def main() -> None:
     (``forking.py``; the local launcher's way).
     """
     _take_host_name()
+    # ipykernel leaves C-level output uncaptured under pytest, and an engine started from a
+    # test (or from nbval's kernel) inherits pytest's variable: it is never pytest itself
+    os.environ.pop("PYTEST_CURRENT_TEST", None)
     if "--mpi" in sys.argv:
         sys.argv.remove("--mpi")
     fork_count, fork_dir = forking.take_fork_args()
-    _dump_stacks_on_sigusr1()
     with contextlib.suppress(Exception):  # see above
         import jax  # noqa: F401
     _import_the_kernel_without_its_debugger()
@@ -47,7 +47,6 @@ def main() -> None:
         import ipyparallel.engine.kernel  # noqa: F401 - what an engine imports as it starts
 
         forking.fork_engines(fork_count, fork_dir)  # returns in each engine
-        _dump_stacks_on_sigusr1()  # to this engine's own file
     engine_main()
 
 
@@ -73,19 +72,6 @@ def _take_host_name() -> None:
         if arg.startswith(HOST_ARG):
             sys.argv.remove(arg)
             os.environ["JAXCLUSTER_HOST"] = arg[len(HOST_ARG):]
-
-
-def _dump_stacks_on_sigusr1() -> None:
-    """Let the client read this process's stacks even while it is blocked in C (see stacks.py)."""
-    stack_dir = os.environ.get("JAXCLUSTER_STACK_DIR")
-    if not stack_dir or not os.path.isdir(stack_dir):
-        return
-    path = os.path.join(stack_dir, f"{os.getpid()}.txt")
-    # append mode: the client truncates the file before each dump
-    stack_file = open(path, "a")  # noqa: SIM115 - open for the process's lifetime
-    faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
-    # process.identity reports it: only an engine that dumps its stacks gets SIGUSR1
-    os.environ["JAXCLUSTER_STACK_FILE"] = path
 
 
 if __name__ == "__main__":

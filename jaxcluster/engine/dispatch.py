@@ -5,8 +5,8 @@ it waits on needs one of them and that one ran it fewer times (``jaxcluster.cell
 every call of a program whose shardings span devices of several processes is counted here, per
 cell, by a wrapper around ``ExecuteReplicated.__call__``. Such calls normally skip Python (jit's
 C++ fast path), so those programs, and only those, are kept off the fast path; single-process
-programs keep it. The latest call is also written, as one fixed-size record, to a file next to
-the stack-dump file, where the notebook reads it while this process is busy.
+programs keep it. The latest call is kept as a small record (``latest``), which the engine's
+back channel (``backchannel.py``) hands the notebook while this process is busy.
 
 Everything is guarded: where JAX's internals differ, nothing is installed, and a failure inside
 the hook falls back to JAX's own behaviour (an error raised on one process only would leave the
@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import json
 import os
 import weakref
 from collections.abc import Callable
@@ -25,26 +24,19 @@ from typing import Any
 
 from ..render.labels import format_ranges
 
-RECORD_SIZE = 512
-RECORD_SUFFIX = ".dispatch"
-
 # program key -> calls this cell; programs by ExecuteReplicated -> (key, name, processes, devices)
 _counts: dict[str, int] = {}
 _described: dict[str, tuple[str, str, int]] = {}  # key -> (name, processes "0-3", devices)
 _programs: weakref.WeakKeyDictionary[Any, tuple[str, str, tuple[int, ...], int] | None] = (
     weakref.WeakKeyDictionary()
 )
-_state: dict[str, Any] = {"installed": False, "fd": None, "cell": 0}
+# the latest record is replaced whole, never changed in place: the control thread reads it
+_state: dict[str, Any] = {"installed": False, "cell": 0, "record": None}
 # called with (program key, outputs) after every multi-process program (``values`` numbers them)
 output_observers: list[Callable[[str, Any], None]] = []
 
 
-def record_path(stack_file: str) -> str:
-    """Where the process whose stacks go to ``stack_file`` writes its dispatch record."""
-    return os.path.splitext(stack_file)[0] + RECORD_SUFFIX
-
-
-def install(stack_file: str | None = None) -> bool:
+def install() -> bool:
     """Count this process's multi-process dispatches from now on; True when installed.
 
     ``JAXCLUSTER_DISPATCH_RECORD=0`` in the engines' environment leaves JAX untouched.
@@ -85,9 +77,6 @@ def install(stack_file: str | None = None) -> bool:
                     observe(program[0], outputs)
         return outputs
 
-    if stack_file:
-        path = record_path(stack_file)
-        _state["fd"] = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
     pjit._get_fastpath_data = fastpath_data
     pxla.ExecuteReplicated.__call__ = counted_call  # type: ignore[method-assign]
     _state.update(installed=True, originals=(original_fastpath, original_call))
@@ -109,9 +98,7 @@ def uninstall() -> None:
     shell = _shell()
     if shell is not None and new_cell in shell.events.callbacks["pre_run_cell"]:
         shell.events.unregister("pre_run_cell", new_cell)
-    if _state["fd"] is not None:
-        os.close(_state["fd"])
-        _state["fd"] = None
+    _state["record"] = None
 
 
 def new_cell(*_: Any) -> None:
@@ -119,7 +106,13 @@ def new_cell(*_: Any) -> None:
     _state["cell"] += 1
     _counts.clear()
     _described.clear()
-    _write({"cell": _state["cell"]})
+    _state["record"] = {"cell": _state["cell"]}
+
+
+def latest() -> dict[str, Any] | None:
+    """The multi-process program this process dispatched last in this cell: ``{"cell": n}``
+    when none, None when no record is kept (``install`` found JAX's internals differ)."""
+    return _state["record"]
 
 
 def counts() -> dict[str, Any]:
@@ -170,18 +163,7 @@ def _count(program: tuple[str, str, tuple[int, ...], int]) -> None:
     if count == 1:
         _described[key] = (name[:80], format_ranges(processes), devices)
     name, ranges, devices = _described[key]
-    _write({
+    _state["record"] = {
         "cell": _state["cell"], "key": key, "name": name, "count": count,
         "processes": ranges, "devices": devices,
-    })
-
-
-def _write(record: dict[str, Any]) -> None:
-    fd = _state["fd"]
-    if fd is None:
-        return
-    data = json.dumps(record).encode()
-    if len(data) > RECORD_SIZE:  # a scattered set of thousands of processes: no record
-        data = json.dumps({"cell": record["cell"]}).encode()
-    # one write of the whole record at offset 0: the reader never sees half of two
-    os.pwrite(fd, data.ljust(RECORD_SIZE), 0)
+    }

@@ -8,12 +8,16 @@ most of a trivial ``%%spmd`` cell. The inbox serves a few named calls (``CALLS``
 else: "map this file as NAME", "put the old value back" (``data``), and "run this cell"
 (``cells.run_cell``, whose output still goes out on iopub, through ipyparallel). Requests are
 JSON naming one of them, never pickles; a cell's code is what ipyparallel's own execute request
-would carry, from the same user only (below).
+would carry, from the same user only (below). Engines elsewhere are asked the same calls
+through their back channel (``backchannel.py``), which runs them here too (``answer_then``).
 
-The socket lies next to the engine's stack-dump file, in the cluster's private directory
-(mode 0700, see ``tempfile.mkdtemp``). It is served by the engine's own event loop, on the
-main thread, between requests like any other: a call never runs beside a cell, and one sent
-while a cell runs waits for its end, as an ipyparallel request would.
+The notebook opens an inbox only on engines that showed they run on its own host (same boot,
+mount and pid namespaces, host name: ``process.host_facts``), in the cluster's private
+directory there (mode 0700, see ``tempfile.mkdtemp``), named by the engine's ipyparallel
+identity; the engine greets each connection with its engine id, which the notebook checks before
+it sends anything. It is served by the engine's own event loop, on the main thread, between
+requests like any other: a call never runs beside a cell, and one sent while a cell runs waits
+for its end, as an ipyparallel request would.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import contextlib
 import json
 import os
 import socket
+from collections.abc import Callable
 from typing import Any
 
 from . import cells, data
@@ -31,56 +36,54 @@ SUFFIX = ".inbox"
 MAX_MESSAGE = 64 * 1024  # bytes: requests and answers name files and spans, never data
 BACKLOG = 4
 
-_state: dict[str, Any] = {"socket": None}
+_state: dict[str, Any] = {"socket": None, "path": None}
 
 
-def path_for(stack_file: str) -> str:
-    """Where the engine whose stacks go to ``stack_file`` listens."""
-    return os.path.splitext(stack_file)[0] + SUFFIX
-
-
-def open_inbox(stack_file: str | None) -> bool:
-    """Listen on this engine's inbox, served by the kernel's event loop; True when listening.
-
-    Nothing happens without a stack file (an engine the notebook cannot see) or outside an
-    ipykernel (a plain script), or where the path is too long for a Unix socket.
-    """
-    if not stack_file or _state["socket"] is not None:
-        return _state["socket"] is not None
+def open_inbox(directory: str) -> str | None:
+    """Listen on this engine's inbox in ``directory``, served by the kernel's event loop; its
+    path, or None where it cannot be (outside an ipykernel, a path too long for a socket)."""
+    if _state["socket"] is not None:
+        return str(_state["path"])
     loop = _event_loop()
     if loop is None:
-        return False
-    path = path_for(stack_file)
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(path)  # left by an engine that died with this pid
+        return None
+    kernel = _kernel()
+    path = os.path.join(directory, f"{kernel.ident}{SUFFIX}")
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     try:
         listener.bind(path)
         listener.listen(BACKLOG)
     except OSError:
         listener.close()
-        return False
+        return None
     listener.setblocking(False)
-    loop.add_handler(listener, lambda *_: _accept(loop, listener), loop.READ)
-    _state["socket"] = listener
-    return True
+    greeting = json.dumps({"engine_id": kernel.engine_id}).encode()
+    loop.add_handler(listener, lambda *_: _accept(loop, listener, greeting), loop.READ)
+    _state.update(socket=listener, path=path)
+    return path
+
+
+def _kernel() -> Any:
+    from IPython import get_ipython
+
+    return getattr(get_ipython(), "kernel", None)
 
 
 def _event_loop() -> Any:
     """The kernel's tornado IOLoop, on which ipykernel serves its own requests."""
     try:
-        from IPython import get_ipython
+        kernel = _kernel()
     except ImportError:
         return None
-    kernel = getattr(get_ipython(), "kernel", None)
     return getattr(kernel, "io_loop", None)
 
 
-def _accept(loop: Any, listener: socket.socket) -> None:
+def _accept(loop: Any, listener: socket.socket, greeting: bytes) -> None:
     try:
         conn, _ = listener.accept()
     except BlockingIOError:
         return
+    _send_raw(conn, greeting)  # who answers here: the notebook checks it before asking
     conn.setblocking(False)
     loop.add_handler(conn, lambda *_: _serve(loop, conn), loop.READ)
 
@@ -96,16 +99,22 @@ def _serve(loop: Any, conn: socket.socket) -> None:
         loop.remove_handler(conn)
         conn.close()
         return
-    reply = answer(request)
-    if isinstance(reply.get("value"), asyncio.Future):  # a cell that awaits: answered at its end
-        reply["value"].add_done_callback(lambda ended: _send(conn, _settled(ended)))
-    else:
-        _send(conn, reply)
+    answer_then(request, lambda reply: _send_raw(conn, json.dumps(reply).encode()))
 
 
-def _send(conn: socket.socket, reply: dict[str, Any]) -> None:
+def _send_raw(conn: socket.socket, message: bytes) -> None:
     with contextlib.suppress(OSError):  # a notebook gone meanwhile reads no answer
-        conn.send(json.dumps(reply).encode())
+        conn.send(message)
+
+
+def answer_then(request: bytes, send: Callable[[dict[str, Any]], None]) -> None:
+    """Answer ``request`` on this thread, and hand ``send`` the reply: at once, or, for a cell
+    that awaits, when it ends."""
+    reply = answer(request)
+    if isinstance(reply.get("value"), asyncio.Future):
+        reply["value"].add_done_callback(lambda ended: send(_settled(ended)))
+    else:
+        send(reply)
 
 
 def _settled(ended: asyncio.Future) -> dict[str, Any]:

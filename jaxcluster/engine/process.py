@@ -23,16 +23,45 @@ _GPUS: list[int] | None = None
 
 def identity(toward: str | None = None) -> dict[str, Any]:
     """Where this engine runs: its host (as named in --hosts where it was started by name),
-    pid, the address other hosts reach it at (see ``reachable_address``), its launch rank and
-    its stack dump file."""
+    pid, the address other hosts reach it at (see ``reachable_address``), its launch rank, and
+    what tells its machine from another (``host_facts``)."""
     return {
         "host": host_name(),
         "pid": os.getpid(),
         "address": reachable_address(toward),
         "rank": launch_rank(),
-        # where SIGUSR1 makes it dump its stacks (engine/__main__.py), if anywhere
-        "stack_file": os.environ.get("JAXCLUSTER_STACK_FILE"),
+        "facts": host_facts(),
     }
+
+
+def host_facts() -> dict[str, str | None]:
+    """What tells this machine from another, as this process sees it: the kernel's boot, the
+    mount and pid namespaces, the host name. Processes with equal facts share files, /dev/shm
+    and pids; a fact that cannot be read is None, and then nothing is shared (``same_host``).
+    """
+
+    def link(path: str) -> str | None:
+        try:
+            return os.readlink(path)
+        except OSError:
+            return None
+
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot: str | None = f.read().strip()
+    except OSError:
+        boot = None
+    return {
+        "boot": boot,
+        "mount": link("/proc/self/ns/mnt"),
+        "pid": link("/proc/self/ns/pid"),
+        "name": socket.gethostname(),
+    }
+
+
+def same_host(facts: dict[str, str | None], other: dict[str, str | None]) -> bool:
+    """Whether two processes' ``host_facts`` show one machine."""
+    return facts == other and None not in facts.values()
 
 
 def host_name() -> str:
@@ -97,6 +126,7 @@ def initialize(
     address: str | None = None,
     bind_coordinator: bool = False,
     gpus: list[int] | None = None,
+    inbox_dir: str | None = None,
 ) -> dict:
     """``jax.distributed.initialize`` this process and describe what it then sees.
 
@@ -104,6 +134,7 @@ def initialize(
     ``bind_coordinator``: the coordination service (process 0) listens on the coordinator's
     address only, not on all interfaces (JAX's default): it is unauthenticated.
     ``gpus``: the GPUs this process uses, where several processes share a host's GPUs.
+    ``inbox_dir``: where to open its inbox, for a notebook on this host (``inbox.py``).
     """
     import jax
 
@@ -120,9 +151,9 @@ def initialize(
         _cpu_collectives_listen_on(address)
     global _GPUS
     _GPUS = gpus
-    _install_hooks()
+    inbox = _install_hooks(inbox_dir)
     try:
-        return describe_jax()
+        return {**describe_jax(), "inbox": inbox}
     except Exception as e:
         # JAX's own error for a missing backend can be a bare AssertionError; say what it means.
         platforms = os.environ.get("JAX_PLATFORMS") or "default"
@@ -232,20 +263,23 @@ def jax_state() -> dict | None:
     return describe_jax()
 
 
-def _install_hooks() -> None:
-    """The sharding display, the notebook's cell numbers, global arrays' values in printouts,
-    the dispatch record that tells a hang from slow work, the inbox of the notebook on this
-    host, and forgetting what a push replaced once the next cell runs."""
-    from . import cells, data, dispatch, inbox, values
+def _install_hooks(inbox_dir: str | None = None) -> str | None:
+    """gloo's chatter kept off fds 1 and 2, the sharding display, the notebook's cell numbers,
+    global arrays' values in printouts, the dispatch record that tells a hang from slow work,
+    the back channel that reports it, the inbox of a notebook on this host (in ``inbox_dir``;
+    its path is returned), and forgetting what a push replaced once the next cell runs."""
+    from . import backchannel, cells, chatter, data, dispatch, inbox, values
     from .sharding import install as install_sharding_display
 
+    chatter.install()
     install_sharding_display()
     cells.install()
     values.install()
-    dispatch.install(os.environ.get("JAXCLUSTER_STACK_FILE"))
-    inbox.open_inbox(os.environ.get("JAXCLUSTER_STACK_FILE"))
+    dispatch.install()
+    backchannel.install()
     data.install()
     _absorb_scripts_initialize()
+    return inbox.open_inbox(inbox_dir) if inbox_dir else None
 
 
 def _absorb_scripts_initialize() -> None:

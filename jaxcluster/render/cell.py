@@ -70,8 +70,9 @@ def status_text(processes: Sequence[Any], elapsed: float) -> str:
 
 
 def failure_lines(result: Any) -> list[str]:
-    """Why a cell was given up on (hang, timeout, interrupt, death) and what happened next:
-    who stopped on the interrupt (state kept), who could not be stopped, the restart."""
+    """Why a cell was given up on (hang, timeout, interrupt, death, collectives out of step)
+    and what happened next: who stopped on the interrupt (state kept), who could not be
+    stopped, the restart."""
     lines: list[str] = []
     timeout = f" of {result.timeout:g} s" if result.timeout else ""
     what = {
@@ -79,6 +80,7 @@ def failure_lines(result: Any) -> list[str]:
         "timeout": f"The cell ran past its timeout{timeout}",
         "interrupt": "The cell was interrupted",
         "died": "A process died while the cell ran",
+        "out of step": f"The processes' collectives are out of step: {result.diagnosis}",
     }.get(result.failure or "", "")
     if what:
         lines.append(f"{what} (after {result.elapsed:.1f} s).")
@@ -172,9 +174,8 @@ def status_line(result: Any) -> str:
     """A running cell's status: who runs, who ended, for how long; or why it was given up on."""
     status = status_text(result.processes, result.elapsed_so_far())
     if result.failure:
-        restart = any(p.state in ("stuck", "died") for p in result.processes)
-        status = " ".join(failure_lines(result)[:1]) + (" Restarting the cluster…" if restart
-                                                         else "")
+        restart = " Restarting the cluster…" if result.restart_reason else ""
+        status = " ".join(failure_lines(result)[:1]) + restart
     return status
 
 

@@ -1,0 +1,86 @@
+"""The engine's back channel: calls the notebook asks over ipyparallel's control channel, on
+every host, answered while the main thread may be busy in a cell.
+
+ipyparallel routes control messages by an engine's registration, also to engines that are
+busy, and ipykernel serves them on a thread of its own. A process blocked inside XLA (a
+collective, a transfer) has released the GIL, so that thread can look at the main thread's
+Python stack (``sys._current_frames``) and at the dispatch record, and signal the process.
+
+A request (message type ``jaxcluster_request``) names one call, as JSON, never a pickle; like
+every ipyparallel message it is signed with the cluster's key. ``CALLS`` run here, on the
+control thread, at once; the inbox's calls (``inbox.CALLS``: a cell, a push's assignment) run
+on the main thread between requests, exactly as they would through the inbox, and are answered
+when they end. The reply (``jaxcluster_reply``) is ``{"value": ...}`` or ``{"error": "Type:
+message"}``, as the inbox's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+from . import dispatch, inbox
+
+REQUEST = "jaxcluster_request"
+REPLY = "jaxcluster_reply"
+
+
+def install() -> bool:
+    """Serve the back channel on this engine's control thread; True when it is served."""
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return False
+    kernel = getattr(get_ipython(), "kernel", None)
+    if kernel is None or not hasattr(kernel, "control_handlers"):
+        return False
+
+    def serve(stream: Any, idents: list[bytes], request: dict[str, Any]) -> None:
+        def send(reply: dict[str, Any]) -> None:  # on the control thread, its stream's own
+            stream.io_loop.add_callback(
+                kernel.session.send, stream, REPLY, reply, parent=request, ident=idents)
+
+        content = request["content"]
+        if content.get("call") in inbox.CALLS:
+            message = json.dumps(content).encode()
+            kernel.io_loop.add_callback(inbox.answer_then, message, send)
+        else:
+            send(answer(content))
+
+    kernel.control_handlers[REQUEST] = serve
+    return True
+
+
+def answer(content: dict[str, Any]) -> dict[str, Any]:
+    try:
+        call = CALLS.get(content.get("call", ""))
+        if call is None:
+            raise KeyError(f"the back channel serves no call {content.get('call')!r}")
+        return {"value": call(*content.get("args", []))}
+    except Exception as e:
+        return {"error": f"{type(e).__name__}: {e}"}
+
+
+def where() -> dict[str, Any]:
+    """Where the main thread is (its frames as ``[file, line, function]``, outermost first),
+    and the multi-process program it dispatched last (``dispatch.latest``)."""
+    frame = sys._current_frames().get(threading.main_thread().ident or 0)
+    stack = []
+    if frame is not None:  # walk_stack(None) would walk this thread
+        frames = traceback.StackSummary.extract(traceback.walk_stack(frame), lookup_lines=False)
+        stack = [[f.filename, f.lineno, f.name] for f in reversed(frames)]
+    return {"stack": stack, "dispatch": dispatch.latest()}
+
+
+def send_signal(signum: int) -> None:
+    """Signal this process (SIGINT interrupts its cell, where Python runs)."""
+    os.kill(os.getpid(), signum)
+
+
+CALLS: dict[str, Callable[..., Any]] = {
+    "where": where, "counts": dispatch.counts, "signal": send_signal}
