@@ -139,9 +139,8 @@ class NamespaceHosts:
 
     def set_next_pid(self, pid: int) -> None:
         """Make ``pid`` the next pid given out on every host. Hosts that then go through the
-        same sequence of ssh logins and commands give their processes equal pids; logins at
-        the same time may not (a login script that waits for a lock in the shared home, as
-        ``pyenv rehash`` does, forks while it waits)."""
+        same sequence of ssh logins and commands give their processes equal pids (their login
+        shell runs no rc file, see ``_write_passwd``)."""
         for init in self.init_pids.values():
             # the kernel's counter of the writer's own pid namespace, hence nsenter
             _run("nsenter", "--target", str(init), "--pid", "--mount", "sh", "-c",
@@ -215,6 +214,7 @@ def namespace_hosts(layout: list[int], shared_tmp: bool = False) -> Iterator[Nam
         _run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", key)
         _run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", os.path.join(work, "host_key"))
         shutil.copy(key + ".pub", os.path.join(work, "authorized_keys"))
+        _write_passwd(os.path.join(work, "passwd"))
 
         networks: list[Network] = []
         hosts: dict[str, str] = {}
@@ -245,6 +245,16 @@ def namespace_hosts(layout: list[int], shared_tmp: bool = False) -> Iterator[Nam
             made.init_pids[name] = init
             made.pid_namespaces[name] = _namespace_id(init)
         yield made
+
+
+def _write_passwd(path: str) -> None:
+    """The hosts' /etc/passwd: this machine's, with /bin/sh as every login shell. A login then
+    runs no rc file of the shared home (pyenv's there waits for a lock when two hosts log in at
+    once, forking as it waits), so hosts that do the same get the same pids."""
+    with open("/etc/passwd") as f:
+        entries = [line.rstrip("\n").split(":") for line in f if line.count(":") == 6]
+    with open(path, "w") as f:
+        f.writelines(":".join([*entry[:6], "/bin/sh"]) + "\n" for entry in entries)
 
 
 def _add_namespace(cleanup: ExitStack, name: str, network: Network, address: str) -> None:
@@ -291,6 +301,7 @@ def _host_script(
     lines += [
         f"hostname {q(name)}",
         f"mount --bind {q(hosts_file)} /etc/hosts",
+        f"mount --bind {q(os.path.join(os.path.dirname(hosts_file), 'passwd'))} /etc/passwd",
         "mkdir -p /run/sshd",  # sshd's privilege separation directory, on the fresh /run
         f"exec {SSHD} -D -e -f {q(config)}",
     ]
