@@ -44,6 +44,8 @@ class ClusterHandle(Protocol):
     timeout: float
     inboxes: Inboxes  # the processes on this host, reached without ipyparallel (push, cells)
     backchannel: BackChannel  # every process, also while it is busy (cells, evidence, signals)
+    machines: list[str | None]  # by process index: the machine it runs on; None: unknown
+    here: set[int]  # the processes that showed they run on the notebook's machine
 
     @property
     def client(self) -> Any: ...  # ipyparallel.Client

@@ -20,6 +20,7 @@ Every sshd accepts one temporary key only.
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import shlex
 import shutil
@@ -136,6 +137,11 @@ class NamespaceHosts:
         if root_pid is None:
             raise ProcessLookupError(f"no process {pid} runs on {host}")
         os.kill(root_pid, sig)
+
+    def received(self, host: str) -> int:
+        """Bytes the host has received on its network interface since it was made."""
+        shown = _run("ip", "-n", host, "-j", "-s", "link", "show", "eth0")
+        return int(json.loads(shown)[0]["stats64"]["rx"]["bytes"])
 
     def set_next_pid(self, pid: int) -> None:
         """Make ``pid`` the next pid given out on every host. Hosts that then go through the

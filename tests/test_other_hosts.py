@@ -16,6 +16,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+import numpy as np
 import pytest
 
 from tests.conftest import cluster_processes, python_kernel
@@ -232,6 +233,21 @@ def test_the_stop_button_stops_every_host_keeps_state_and_reaches_nothing_else(k
     assert engines(kc) == before
     assert value(kc, "[launcher.state for s in _magics().cluster.ipp_cluster.engines.values() "
                      "for launcher in s.launchers.values()]") == ["running"] * 4
+
+
+def test_a_value_pushed_to_every_process_crosses_to_each_host_once(kernel, hosts):
+    """Both processes of a host map one /dev/shm file there, written by one of them: the host
+    receives one copy of the value, not one per process."""
+    _, kc = kernel
+    size = 16 * 2**20
+    before = {h: hosts.received(h) for h in hosts.hosts}
+    cell = run(kc, f"import numpy as np\nweights = np.arange({size // 4}, dtype=np.float32)\n"
+                   "%spmd_push weights")
+    assert cell.reply["status"] == "ok", cell.text
+    copies = {h: (hosts.received(h) - before[h]) / size for h in hosts.hosts}
+    assert all(0.9 < c < 1.1 for c in copies.values()), copies
+    assert run(kc, "%%spmd\nprint(float(weights.sum()), weights.flags.writeable)").text.strip() \
+        == f"[processes 0-3]\n{float(np.arange(size // 4, dtype=np.float32).sum())} True"
 
 
 def test_a_process_that_dies_on_another_host_is_reported_within_5_s(kernel, hosts):

@@ -30,6 +30,9 @@ class JaxProcesses:
     coordinator: str | None = None  # None when JAX was initialized before we came
     # process index -> its inbox on this host and the engine id that answers there
     inboxes: dict[int, tuple[str, int]] = field(default_factory=dict)
+    # by process index: the machine it runs on (``engine.process.machine``), None: unknown
+    machines: list[str | None] = field(default_factory=list)
+    here: set[int] = field(default_factory=set)  # the processes on the notebook's machine
 
 
 def initialize(
@@ -62,7 +65,7 @@ def initialize(
         engine_ids.sort(key=lambda eid: options.hosts.index(identities[eid]["host"]))
     coordinator = coordinator_address(client, engine_ids[0], identities[engine_ids[0]], left())
     gpus = gpu_assignment(engine_ids, identities, options)
-    here = _engine.host_facts()
+    here = _engine.machine(_engine.host_facts())
     timeout = left().timeout
     pending = {
         eid: client[eid].apply_async(
@@ -76,7 +79,7 @@ def initialize(
             # --coordinator may name an address that is not process 0's own (NAT)
             options.coordinator is None,
             gpus[eid],
-            inbox_dir if _engine.same_host(identities[eid]["facts"], here) else None,
+            inbox_dir if here and _engine.machine(identities[eid]["facts"]) == here else None,
         )
         for index, eid in enumerate(engine_ids)
     }
@@ -230,7 +233,10 @@ def _job(
         p.process_index: (results[p.engine_id]["inbox"], p.engine_id)
         for p in processes if results[p.engine_id].get("inbox")
     }
-    return JaxProcesses(processes, coordinator, inboxes)
+    machines = [_engine.machine(identities[p.engine_id]["facts"]) for p in processes]
+    mine = _engine.machine(_engine.host_facts())
+    here = {i for i, m in enumerate(machines) if m is not None and m == mine}
+    return JaxProcesses(processes, coordinator, inboxes, machines, here)
 
 
 def verified_processes(

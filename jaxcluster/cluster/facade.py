@@ -63,6 +63,9 @@ class JaxCluster:
         self._client: ipp.Client | None = None
         self._view: ipp.DirectView | None = None
         self._work_dir: str | None = None  # private to this start: inboxes, launchers' files
+        # by process index: the machine it runs on (None: unknown); those on the notebook's
+        self.machines: list[str | None] = []
+        self.here: set[int] = set()
         # calls to the processes while they may be busy, on every host
         self.backchannel = BackChannel()
         # the processes on this host, for calls that skip ipyparallel's round trip
@@ -194,6 +197,7 @@ class JaxCluster:
         client, self._client = self._client, None
         self._view = None
         self.processes = []
+        self.machines, self.here = [], set()
         self.backchannel = BackChannel()
         self.inboxes.close()
         if launched is not None:
@@ -363,6 +367,7 @@ class JaxCluster:
         assert self._client is not None
         self.processes = job.processes
         self.coordinator = job.coordinator
+        self.machines, self.here = job.machines, job.here
         self.backchannel = BackChannel(
             self._client, {p.process_index: p.engine_id for p in job.processes})
         self.inboxes.close()

@@ -94,7 +94,8 @@ class Session:
         self.views = {p.process_index: self.client[p.engine_id] for p in cluster.processes}
         self.token = uuid.uuid4().hex
         self.files = SharedFiles(shared_memory, PIECE_BYTES)
-        self.shared: set[int] = set()  # processes that see our /dev/shm files
+        # processes that see our /dev/shm files: those that showed they run on this host
+        self.shared: set[int] = set(cluster.here) if self.files.enabled else set()
         self.transfer = Transfer(direction, name)
         self.began = time.perf_counter()
         self._sent: list[str] = []
@@ -128,15 +129,6 @@ class Session:
             return np.empty(shape, dtype), None
         path, mapping = made
         return np.frombuffer(mapping, dtype, math.prod(shape)).reshape(shape), path
-
-    def sees_files(self, process: int) -> Callable[[bool], None]:
-        """An ``on_reply`` that notes whether ``process`` found our probe file."""
-
-        def note(found: bool) -> None:
-            if found:
-                self.shared.add(process)
-
-        return note
 
     def commit(self, name: str) -> None:
         self.check(self.run([Call(p, (engine.commit, self.token, name)) for p in self.views]),

@@ -8,31 +8,21 @@ import os
 import uuid
 from typing import Any
 
-SHARED_MEMORY_DIR = "/dev/shm"
+from ..engine.data import SHARED_MEMORY_DIR, write_at
 
 Slot = tuple[str, mmap.mmap]  # a file's path and its mapping here
 
 
 class SharedFiles:
     """Files in /dev/shm of one transfer; all unlinked when it ends (mappings outlive them).
-
-    ``probe`` is an empty file that engines look for to tell whether they share this host's
-    /dev/shm; None when it is not to be used or cannot be.
-    """
+    ``enabled``: False when they are not to be used, or this machine has no /dev/shm."""
 
     def __init__(self, enabled: bool, slot_bytes: int) -> None:
-        self.probe: str | None = None
+        self.enabled = enabled and os.path.isdir(SHARED_MEMORY_DIR)
+        self._prefix = os.path.join(SHARED_MEMORY_DIR, f"jaxcluster-{uuid.uuid4().hex}")
         self.paths: set[str] = set()
         self._slot_bytes = slot_bytes
         self._free: list[Slot] = []
-        if enabled and os.path.isdir(SHARED_MEMORY_DIR):
-            prefix = os.path.join(SHARED_MEMORY_DIR, f"jaxcluster-{uuid.uuid4().hex}")
-            try:
-                os.close(os.open(prefix, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600))
-            except OSError:
-                return
-            self.probe = prefix
-            self.paths.add(prefix)
 
     def create(self, nbytes: int, reserve: bool = True) -> Slot | None:
         """A new file of ``nbytes``, mapped; None where /dev/shm has no room for it.
@@ -41,11 +31,11 @@ class SharedFiles:
         mapping, and writing into a full /dev/shm kills the writer with SIGBUS. Without it
         (only engines write, with ``write_into``), nothing is zeroed beforehand that they
         overwrite anyway: for 64 MiB that is 27 ms here."""
-        if self.probe is None or nbytes == 0:
+        if not self.enabled or nbytes == 0:
             return None
         if not reserve and _room(SHARED_MEMORY_DIR) < nbytes:
             return None
-        path = f"{self.probe}-{len(self.paths)}"
+        path = f"{self._prefix}-{len(self.paths)}"
         fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
         self.paths.add(path)
         try:
@@ -64,17 +54,13 @@ class SharedFiles:
         """A new file holding each ``(offset, bytes-like)``; None where /dev/shm has no room
         (and then no file). Written, not mapped: one copy, and a full /dev/shm is an error here
         instead of a SIGBUS."""
-        if self.probe is None:
+        if not self.enabled:
             return None
-        path = f"{self.probe}-{len(self.paths)}"
+        path = f"{self._prefix}-{len(self.paths)}"
         fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
         self.paths.add(path)
         try:
-            for offset, data in chunks:
-                view = memoryview(data).cast("B")
-                while view:
-                    written = os.pwrite(fd, view, offset)
-                    view, offset = view[written:], offset + written
+            write_at(fd, chunks)
             return path
         except OSError:
             self.unlink(path)

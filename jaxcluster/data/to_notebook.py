@@ -42,14 +42,13 @@ def pull(
     with Session(cluster, "pull", name, shared_memory) as session:
         replies: Replies = {}
         errors = session.run([
-            Call(p, (engine.describe, name, session.token, p in sources, session.files.probe),
+            Call(p, (engine.describe, name, session.token, p in sources),
                  functools.partial(replies.__setitem__, p))
             for p in range(count)
         ])
         _check_defined(name, _undefined(sources, replies, errors))
         _check_sent(name, {p: errors[p] for p in sources if p in errors})
         plan, refs = _plan(name, sources, replies, errors)
-        session.shared = {p for p, reply in replies.items() if reply[0]["shared_memory"]}
         outputs = _fetch(session, name, plan)
         values = [_rebuild(name, s, replies[s][1:], [outputs[i] for i in refs[s]]) for s in sources]
         session.transfer.value = values if process == "all" else values[0]

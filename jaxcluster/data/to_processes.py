@@ -1,9 +1,12 @@
 """``push``: a value from the notebook appears on every process, or on none.
 
 With a ``MeshSharding`` the value becomes a global jax.Array for which each process receives only
-the slices its devices hold. Processes that map the value's /dev/shm file (told so through their
-inboxes, ``jaxcluster.cells.inboxes``) assign it at once and put the old value back if any
-process failed; the others stage it and assign once all of them have it.
+the slices its devices hold. A whole value is written once per host: on the notebook's host
+into a /dev/shm file of its own (the processes there are told through their inboxes,
+``jaxcluster.cells.inboxes``), on every other host with several processes by one of them,
+sent the value once (``engine.data.write_value``). Processes that map such a file assign it at
+once and put the old value back if any process failed; the others stage it and assign once all
+of them have it.
 """
 
 from __future__ import annotations
@@ -25,8 +28,6 @@ from ..render.labels import process_label
 from .mesh import MeshSharding
 from .session import CLEANUP_SECONDS, Call, Session, Transfer, check_name, row_ranges
 from .shared_files import SharedFiles, Slot
-
-ALIGN = 64  # bytes: where each buffer of a pushed value starts in its /dev/shm file
 
 
 def push(
@@ -60,8 +61,7 @@ def push(
         if errors:
             raise ConfigError(f"The sharding does not fit the value for {name!r}: {errors[0]}")
         session.check(session.run([
-            Call(p, (engine.begin, session.token, session.files.probe), session.sees_files(p))
-            for p in range(len(cluster.processes))
+            Call(p, (engine.begin, session.token)) for p in range(len(cluster.processes))
         ]), what)
         keys: dict[int, set[engine.Key]] = {}
         for p, key in index_map:
@@ -82,8 +82,9 @@ def push(
 
 
 def _push_value(cluster: ClusterHandle, name: str, value: Any, shared_memory: bool) -> Transfer:
-    """The whole value to every process: written once into a /dev/shm file that the processes
-    on this host map, and sent through ipyparallel only to the others."""
+    """The whole value to every process: written once into a /dev/shm file of each host, which
+    the processes there map; sent through ipyparallel one copy per other host, and whole only to
+    processes alone on their host or without such a file."""
     buffers: list[pickle.PickleBuffer] = []
     try:
         payload = pickle.dumps(value, protocol=5, buffer_callback=buffers.append)
@@ -98,15 +99,17 @@ def _push_value(cluster: ClusterHandle, name: str, value: Any, shared_memory: bo
     everyone = list(range(len(cluster.processes)))
     what = f"push {name!r} (nothing was assigned)"
     files = SharedFiles(shared_memory, 0)
+    here = [p for p in everyone if p in cluster.here]
     try:
-        shared = _write_file(files, payload, raws)
+        shared = _write_file(files, payload, raws) if here else None
         local: set[int] = set()
         if shared is not None:
             # one round trip, not two: the processes that map the file assign at once and
             # keep what they replaced; a failure anywhere has them put it back (release)
-            replies, errors = _on(cluster, everyone, (engine.assign_file, token, name, *shared))
-            _check(errors, what)
-            local = {p for p, found in replies.items() if found}
+            local |= _assign_file(cluster, here, (token, name, *shared), what)
+        if shared_memory:
+            local |= _one_copy_per_host(cluster, [p for p in everyone if p not in here],
+                                        (token, payload, *raws), name, what)
         others = [p for p in everyone if p not in local]
         if others:
             _check(_on(cluster, others, (engine.stage_value, token, payload, *raws))[1], what)
@@ -126,16 +129,48 @@ def _push_value(cluster: ClusterHandle, name: str, value: Any, shared_memory: bo
     return transfer
 
 
+def _assign_file(
+    cluster: ClusterHandle, processes: list[int], request: tuple[Any, ...], what: str
+) -> set[int]:
+    """``engine.assign_file(*request)`` on ``processes``: those that mapped the file."""
+    replies, errors = _on(cluster, processes, (engine.assign_file, *request))
+    _check(errors, what)
+    return {p for p, found in replies.items() if found}
+
+
+def _one_copy_per_host(
+    cluster: ClusterHandle, processes: list[int], value: tuple[Any, ...], name: str, what: str
+) -> set[int]:
+    """The value sent once to each other host with several of ``processes``: the lowest of them
+    writes it into a /dev/shm file there (``engine.write_value``) and all of them map it.
+    Those that did; the file is gone once they have."""
+    hosts: dict[str, list[int]] = {}
+    for p in processes:
+        if (machine := cluster.machines[p]) is not None:
+            hosts.setdefault(machine, []).append(p)
+    shared = [sorted(group) for group in hosts.values() if len(group) > 1]
+    if not shared:
+        return set()
+    writers = [group[0] for group in shared]
+    token = value[0]
+    written, errors = _on(cluster, writers, (engine.write_value, *value))
+    _check(errors, what)
+    mapped: set[int] = set()
+    try:
+        for group in shared:
+            if written[group[0]] is not None:
+                mapped |= _assign_file(cluster, group, (token, name, *written[group[0]]), what)
+    finally:
+        _on(cluster, writers, (engine.forget_file, token))
+    return mapped
+
+
 def _write_file(
     files: SharedFiles, payload: bytes, raws: list[memoryview]
 ) -> tuple[str, engine.Span, list[engine.Span]] | None:
     """The pickle and its buffers in one new /dev/shm file, each buffer aligned for NumPy;
     (path, payload's span, buffers' spans), or None where there is no such file."""
-    spans, end = [], len(payload)
-    for raw in raws:
-        start = -(-end // ALIGN) * ALIGN
-        spans.append((start, raw.nbytes))
-        end = start + raw.nbytes
+    spans = engine.value_spans(len(payload), [raw.nbytes for raw in raws])
     path = files.write([(0, payload), *((start, raw) for (start, _), raw in
                                         zip(spans, raws, strict=True))])
     return None if path is None else (path, (0, len(payload)), spans)

@@ -5,17 +5,22 @@ in ``_held[token]`` until ``release(token)`` or ``commit(token, name)``. A push 
 once (``assign_file``) keeps what the name held in ``_replaced[token]``, which ``release`` puts
 back if the push failed somewhere; the process forgets it at its next cell or push (``settle``),
 which come only once the push has succeeded everywhere. Data goes either through
-ipyparallel's zero-copy buffers or, for engines on the notebook's host, through files the
-notebook made in /dev/shm (``path`` arguments). Imported by the notebook too, for the helpers.
+ipyparallel's zero-copy buffers or through /dev/shm files (``path`` arguments): the notebook's
+for engines on its host, and for a value every process gets, one that an engine of each other
+host writes once (``write_value``) for the others there to map. Imported by the notebook too,
+for the helpers.
 """
 
 from __future__ import annotations
 
+import contextlib
 import io
 import mmap
 import os
 import pickle
 import sys
+import uuid
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
@@ -27,6 +32,9 @@ _held: dict[str, Any] = {}
 # token -> (name, what it held before a push assigned it, or _UNSET)
 _replaced: dict[str, tuple[str, Any]] = {}
 _UNSET = object()
+_written: dict[str, str] = {}  # token -> the /dev/shm file ``write_value`` wrote here
+SHARED_MEMORY_DIR = "/dev/shm"
+ALIGN = 64  # bytes: where each buffer of a pushed value starts in its /dev/shm file
 
 Key = tuple[tuple[int, int], ...]
 
@@ -89,17 +97,14 @@ def _describe_array(a: Any) -> dict[str, Any]:
     return {"shape": tuple(a.shape), "dtype": np.dtype(a.dtype), "owners": owners}
 
 
-def describe(name: str, token: str, send_value: bool, probe: str | None) -> list:
+def describe(name: str, token: str, send_value: bool) -> list:
     """``[info, pickled value, *its buffers]`` of the variable ``name``, its arrays held.
 
-    ``info``: whether ``name`` is defined, whether ``probe`` exists here (same host as the
-    notebook) and a description of each jax.Array in the value. Processes that only serve
-    shards (``send_value`` false) pickle into nothing, to find the same arrays in the same order.
+    ``info``: whether ``name`` is defined, and a description of each jax.Array in the value.
+    Processes that only serve shards (``send_value`` false) pickle into nothing, to find the
+    same arrays in the same order.
     """
-    info: dict[str, Any] = {
-        "defined": name in _namespace(),
-        "shared_memory": bool(probe and os.path.exists(probe)),
-    }
+    info: dict[str, Any] = {"defined": name in _namespace()}
     if not info["defined"]:
         return [info]
     buffers: list = []
@@ -164,6 +169,7 @@ def read_piece(token: str, k: int, key: Key, start: int, stop: int) -> np.ndarra
 def release(token: str) -> None:
     """Forget what a transfer holds here; a value ``assign_file`` assigned is taken back."""
     _held.pop(token, None)
+    forget_file(token)
     replaced = _replaced.pop(token, None)
     if replaced is None:
         return
@@ -212,10 +218,9 @@ def index_map(shape: tuple[int, ...], mesh: list[tuple[str, int]], spec: tuple) 
     ]
 
 
-def begin(token: str, probe: str | None) -> bool:
-    """Start receiving a push; whether ``probe`` exists here (same host as the notebook)."""
+def begin(token: str) -> None:
+    """Start receiving a push."""
     _held[token] = {}
-    return bool(probe and os.path.exists(probe))
 
 
 def receive_piece(
@@ -252,9 +257,65 @@ def stage_value(token: str, payload: Any, *buffers: Any) -> None:
 Span = tuple[int, int]  # offset and length in a file
 
 
+def value_spans(payload: int, buffers: Iterable[int]) -> list[Span]:
+    """Where a pushed value's buffers (of these sizes) go in its file, after its pickle (of
+    ``payload`` bytes), each aligned for NumPy."""
+    spans, end = [], payload
+    for size in buffers:
+        start = -(-end // ALIGN) * ALIGN
+        spans.append((start, size))
+        end = start + size
+    return spans
+
+
+def write_at(fd: int, chunks: Iterable[tuple[int, Any]]) -> None:
+    """Write each ``(offset, bytes-like)`` into the file ``fd``. Written, not mapped: one copy,
+    and a full /dev/shm is an error here instead of a SIGBUS."""
+    for offset, data in chunks:
+        view = memoryview(data).cast("B")
+        while view:
+            written = os.pwrite(fd, view, offset)
+            view, offset = view[written:], offset + written
+
+
+def write_value(token: str, payload: Any, *buffers: Any) -> tuple[str, Span, list[Span]] | None:
+    """This host's one copy of a value pushed to every process: its pickle and buffers in a new
+    /dev/shm file, for the processes here to map (``assign_file``); (path, the pickle's span,
+    the buffers' spans), or None where /dev/shm has no room. ``forget_file`` removes it."""
+    raws = [memoryview(b).cast("B") for b in (payload, *buffers)]
+    spans = value_spans(raws[0].nbytes, [r.nbytes for r in raws[1:]])
+    size = max([raws[0].nbytes, *(start + n for start, n in spans)])
+    try:
+        room = os.statvfs(SHARED_MEMORY_DIR)
+    except OSError:
+        return None
+    if room.f_bavail * room.f_frsize < size:
+        return None
+    path = os.path.join(SHARED_MEMORY_DIR, f"jaxcluster-{uuid.uuid4().hex}")
+    fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+    _written[token] = path
+    try:
+        write_at(fd, [(0, raws[0]), *((start, raw) for (start, _), raw in
+                                     zip(spans, raws[1:], strict=True))])
+    except OSError:
+        forget_file(token)
+        return None
+    finally:
+        os.close(fd)
+    return path, (0, raws[0].nbytes), spans
+
+
+def forget_file(token: str) -> None:
+    """Remove the file ``write_value`` wrote for a push (mappings of it outlive it)."""
+    path = _written.pop(token, None)
+    if path is not None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+
+
 def stage_file(token: str, path: str, payload: Span, buffers: list[Span]) -> bool:
-    """Unpickle a pushed value from the notebook's /dev/shm file at ``path``, if this process
-    sees it (same host); it waits for ``commit``. The file is mapped copy-on-write: the arrays
+    """Unpickle a pushed value from the /dev/shm file at ``path``, if this process sees it
+    (same host); it waits for ``commit``. The file is mapped copy-on-write: the arrays
     in the value use its pages, shared by every process on the host until one writes."""
     try:
         with open(path, "rb") as f:

@@ -37,7 +37,7 @@ def identity(toward: str | None = None) -> dict[str, Any]:
 def host_facts() -> dict[str, str | None]:
     """What tells this machine from another, as this process sees it: the kernel's boot, the
     mount and pid namespaces, the host name. Processes with equal facts share files, /dev/shm
-    and pids; a fact that cannot be read is None, and then nothing is shared (``same_host``).
+    and pids; a fact that cannot be read is None, and then nothing is shared (``machine``).
     """
 
     def link(path: str) -> str | None:
@@ -59,9 +59,12 @@ def host_facts() -> dict[str, str | None]:
     }
 
 
-def same_host(facts: dict[str, str | None], other: dict[str, str | None]) -> bool:
-    """Whether two processes' ``host_facts`` show one machine."""
-    return facts == other and None not in facts.values()
+def machine(facts: dict[str, str | None]) -> str | None:
+    """A name for the machine ``host_facts`` describe, the same for every process on it; None
+    where some fact is unknown (then it is alone)."""
+    if None in facts.values():
+        return None
+    return ";".join(f"{key}={value}" for key, value in sorted(facts.items()))
 
 
 def host_name() -> str:
