@@ -37,6 +37,7 @@ STOP_SECONDS_UNTIL_KILL = 1
 MPIEXEC_SECONDS_UNTIL_KILL = 15
 
 ENGINE_CMD = [sys.executable, "-m", "jaxcluster.engine"]
+NO_NANNY = "--IPEngine.enable_nanny=False"
 LOCAL_ENGINE_SET = "jaxcluster.cluster.forked_engines.ForkedEngineSetLauncher"
 
 
@@ -126,7 +127,7 @@ def _plan_local(request: LaunchRequest) -> LaunchPlan:
     engine_set.stop_seconds_until_kill = STOP_SECONDS_UNTIL_KILL
     # no nanny process beside each engine: it costs a Python start (0.6 s of CPU, 28 MiB) per
     # engine; signals go over the back channel, and deaths show in the process table here
-    engine_set.engine_args = ["--IPEngine.enable_nanny=False"]
+    engine_set.engine_args = [NO_NANNY]
     plan = _plan("local", engine_set, config, request, request.ip or "127.0.0.1")
     plan.engine_launcher = LOCAL_ENGINE_SET
     return plan
@@ -141,8 +142,11 @@ def _plan_ssh(request: LaunchRequest) -> LaunchPlan:
     engine_set.remote_python = sys.executable
     # each engine learns the name it was started under, so processes are ordered and errors
     # reported by the host names the user gave
+    # no nanny either: it would relay every back-channel request (a cell, an interrupt) through
+    # one more process, and the launcher itself sees each engine end on its host
     engine_set.engines = {
-        host: {"n": n, "engine_args": [f"{HOST_ARG}{host}"]} for host, n in engines.items()
+        host: {"n": n, "engine_args": [f"{HOST_ARG}{host}", NO_NANNY]}
+        for host, n in engines.items()
     }
     engine_set.ssh_args = ssh_args
     engine_set.scp_args = ssh_args
