@@ -12,7 +12,7 @@ import traceback
 from . import _common
 from ._common import Settings, Table, kill_leftovers, leftover_processes, log
 
-BENCHMARKS = ("startup", "spmd", "data", "scale")
+BENCHMARKS = ("startup", "spmd", "data", "scale", "hosts")
 
 
 def _load(name: str):

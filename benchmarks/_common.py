@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import psutil
 
 RESULTS_DIR = "bench-results"
+QUIET_BELOW = 0.25  # of all cores: 64 idle processes and their controller use about 0.1
 
 # Every ipyparallel cluster id a benchmark created; the leftover check looks only at these,
 # because other work on this machine may run its own clusters.
@@ -119,6 +120,16 @@ def ratio(ours: float, baseline: float) -> str:
 def spread(values: list[float]) -> str:
     """All samples, for the notes: a median hides how noisy a shared machine was."""
     return ", ".join(seconds(v) for v in values)
+
+
+def quiet(below: float = QUIET_BELOW, within: float = 10.0) -> None:
+    """Wait (at most ``within`` s) until the machine's CPU use falls ``below`` a fraction: a
+    transfer is not timed while the controller still digests the one before (after
+    ``DirectView.push`` of 64 MiB to 64 processes it keeps 1.3 cores busy for about a
+    second)."""
+    deadline = time.monotonic() + within
+    while psutil.cpu_percent(interval=0.2) / 100 >= below and time.monotonic() < deadline:
+        pass
 
 
 class Timer:

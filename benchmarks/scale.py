@@ -31,6 +31,7 @@ from ._common import (
     leftover_processes,
     log,
     median,
+    quiet,
     ratio,
     seconds,
     spread,
@@ -54,7 +55,6 @@ LEFT_WITHIN = 30.0  # s after a stop by which nothing of the cluster may run
 # push and pull pairs: a transfer's time moves with the kernel's page allocation for its
 # /dev/shm file (20 to 200 ms for 64 MiB here), so a median of 3 moved by more than 10%
 TRANSFER_REPS = 7
-QUIET_BELOW = 0.25  # of all cores: 64 idle processes and their controller use about 0.1
 
 SETUP = """
 import numpy as np
@@ -267,7 +267,7 @@ def _push(session: Session, size: Size, reps: int, data_mib: int) -> None:
     }
     for i in range(-1, reps):  # -1: a warm-up of ours, not timed
         for which in _order(("ours", "ipp"), i, _fits(size, blob.nbytes, "DirectView.push")):
-            _quiet()
+            quiet()
             with capture_output(), Timer() as t:
                 steps[which]()
             if i >= 0:
@@ -299,7 +299,7 @@ def _pull(session: Session, size: Size, reps: int, data_mib: int) -> None:
         # the recipe holds the whole array on every process, and more while gathering it
         fits = _fits(size, 3 * rows * COLUMNS * 4, "the process_allgather recipe")
         for which in _order(("ours", "recipe"), i, fits):
-            _quiet()
+            quiet()
             with capture_output(), Timer() as t:
                 value = steps[which]()
                 value.reshape(-1)[:: 4096 // value.itemsize].sum()  # in this process's memory
@@ -310,16 +310,6 @@ def _pull(session: Session, size: Size, reps: int, data_mib: int) -> None:
             session.cluster.client.purge_local_results("all")
     session.cluster.run("del g, gathered").check()
     log(f"{size.nodes} proc: pull ours {size.median('pull_ours'):.2f} s")
-
-
-def _quiet(below: float = QUIET_BELOW, within: float = 10.0) -> None:
-    """Wait (at most ``within`` s) until the machine's CPU use falls ``below`` a fraction: a
-    transfer is not timed while the controller still digests the one before (after
-    ``DirectView.push`` of 64 MiB to 64 processes it keeps 1.3 cores busy for about a
-    second)."""
-    deadline = time.monotonic() + within
-    while psutil.cpu_percent(interval=0.2) / 100 >= below and time.monotonic() < deadline:
-        pass
 
 
 def _order(pair: tuple[str, str], i: int, baseline: bool) -> tuple[str, ...]:

@@ -7,15 +7,17 @@ collective, a transfer) has released the GIL, so that thread can look at the mai
 Python stack (``sys._current_frames``) and at the dispatch record, and signal the process.
 
 A request (message type ``jaxcluster_request``) names one call, as JSON, never a pickle; like
-every ipyparallel message it is signed with the cluster's key. ``CALLS`` run here, on the
-control thread, at once; the inbox's calls (``inbox.CALLS``: a cell, a push's assignment) run
-on the main thread between requests, exactly as they would through the inbox, and are answered
-when they end. The reply (``jaxcluster_reply``) is ``{"value": ...}`` or ``{"error": "Type:
-message"}``, as the inbox's.
+every ipyparallel message it is signed with the cluster's key, and it is answered without the
+busy and idle statuses ipykernel publishes around a control request of its own. ``CALLS`` run
+here, on the control thread, at once; the inbox's calls (``inbox.CALLS``: a cell, a push's
+assignment) run on the main thread between requests, exactly as they would through the inbox,
+and are answered when they end. The reply (``jaxcluster_reply``) is ``{"value": ...}`` or
+``{"error": "Type: message"}``, as the inbox's.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sys
@@ -36,23 +38,36 @@ def install() -> bool:
         from IPython import get_ipython
     except ImportError:
         return False
-    kernel = getattr(get_ipython(), "kernel", None)
-    if kernel is None or not hasattr(kernel, "control_handlers"):
+    kernel: Any = getattr(get_ipython(), "kernel", None)
+    stream = getattr(kernel, "control_stream", None)
+    if kernel is None or stream is None or not hasattr(kernel, "dispatch_control"):
         return False
+    others = kernel.dispatch_control
 
-    def serve(stream: Any, idents: list[bytes], request: dict[str, Any]) -> None:
-        def send(reply: dict[str, Any]) -> None:  # on the control thread, its stream's own
-            stream.io_loop.add_callback(
-                kernel.session.send, stream, REPLY, reply, parent=request, ident=idents)
+    def send(request: dict[str, Any], idents: list[bytes], reply: dict[str, Any]) -> None:
+        # from any thread: the stream is the control thread's
+        stream.io_loop.add_callback(
+            kernel.session.send, stream, REPLY, reply, parent=request, ident=idents)
 
+    def dispatch(frames: list[Any]) -> Any:
+        """Our requests here, the others to ipykernel: its handler would publish a busy and
+        an idle status for each, two more messages through the controller per request."""
+        idents, message = kernel.session.feed_identities(frames, copy=False)
+        try:
+            request = kernel.session.deserialize(message, content=True, copy=False)
+        except Exception:
+            return others(frames)  # not signed with the cluster's key: ipykernel refuses it
+        if request["header"]["msg_type"] != REQUEST:
+            return others(frames)
         content = request["content"]
-        if content.get("call") in inbox.CALLS:
-            message = json.dumps(content).encode()
-            kernel.io_loop.add_callback(inbox.answer_then, message, send)
+        if content.get("call") in inbox.CALLS:  # on the main thread, between requests
+            kernel.io_loop.add_callback(inbox.answer_then, json.dumps(content).encode(),
+                                        functools.partial(send, request, idents))
         else:
-            send(answer(content))
+            send(request, idents, answer(content))
+        return None
 
-    kernel.control_handlers[REQUEST] = serve
+    stream.io_loop.add_callback(stream.on_recv, dispatch, copy=False)
     return True
 
 
