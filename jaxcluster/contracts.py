@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     from .cells.backchannel import BackChannel
     from .cells.inboxes import Inboxes
+    from .data.file_server import FileServer
 
 # progress(stage, done, total): stage is "engines registered" or "JAX initialized"
 Progress = Callable[[str, int, int], None]
@@ -49,6 +50,9 @@ class ClusterHandle(Protocol):
 
     @property
     def client(self) -> Any: ...  # ipyparallel.Client
+
+    @property
+    def file_server(self) -> FileServer | None: ...  # where other hosts read pushed values
 
     @property
     def view(self) -> Any: ...  # ipyparallel.DirectView over all engines, in process order

@@ -63,6 +63,7 @@ class JaxCluster:
         self._client: ipp.Client | None = None
         self._view: ipp.DirectView | None = None
         self._work_dir: str | None = None  # private to this start: inboxes, launchers' files
+        self._file_server: Any = None  # data.FileServer, made on first use
         # by process index: the machine it runs on (None: unknown); those on the notebook's
         self.machines: list[str | None] = []
         self.here: set[int] = set()
@@ -109,6 +110,17 @@ class JaxCluster:
         self._require_running()
         assert self._view is not None
         return self._view
+
+    @property
+    def file_server(self) -> Any:
+        """Where processes on other hosts read a value pushed to them (``data.FileServer``), on
+        the address the engines reach the controller at; None for a cluster this notebook did
+        not start."""
+        if self._file_server is None and self._launched is not None:
+            from ..data import FileServer
+
+            self._file_server = FileServer(self._launched.controller_ip)
+        return self._file_server
 
     @property
     def engine_ids(self) -> list[int]:
@@ -200,6 +212,9 @@ class JaxCluster:
         self.machines, self.here = [], set()
         self.backchannel = BackChannel()
         self.inboxes.close()
+        if self._file_server is not None:
+            self._file_server.close()
+            self._file_server = None
         if launched is not None:
             bringup.shut_down(launched, self.options, self._loop)
         elif client is not None:

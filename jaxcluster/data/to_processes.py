@@ -3,8 +3,9 @@
 With a ``MeshSharding`` the value becomes a global jax.Array for which each process receives only
 the slices its devices hold. A whole value is written once per host: on the notebook's host
 into a /dev/shm file of its own (the processes there are told through their inboxes,
-``jaxcluster.cells.inboxes``), on every other host with several processes by one of them,
-sent the value once (``engine.data.write_value``). Processes that map such a file assign it at
+``jaxcluster.cells.inboxes``), on every other host with several processes by one of them, which
+reads that file from the notebook's file server (``file_server.py``), or is sent the value
+through ipyparallel where it cannot. Processes that map such a file assign it at
 once and put the old value back if any process failed; the others stage it and assign once all
 of them have it.
 """
@@ -12,6 +13,7 @@ of them have it.
 from __future__ import annotations
 
 import contextlib
+import os
 import pickle
 import time
 import uuid
@@ -28,6 +30,9 @@ from ..render.labels import process_label
 from .mesh import MeshSharding
 from .session import CLEANUP_SECONDS, Call, Session, Transfer, check_name, row_ranges
 from .shared_files import SharedFiles, Slot
+
+# seconds a host's process may take to connect to the notebook's file server, and each read
+FETCH_SECONDS = 10.0
 
 
 def push(
@@ -100,16 +105,17 @@ def _push_value(cluster: ClusterHandle, name: str, value: Any, shared_memory: bo
     what = f"push {name!r} (nothing was assigned)"
     files = SharedFiles(shared_memory, 0)
     here = [p for p in everyone if p in cluster.here]
+    hosts = _other_hosts(cluster, [p for p in everyone if p not in here]) if shared_memory else []
     try:
-        shared = _write_file(files, payload, raws) if here else None
+        shared = _write_file(files, payload, raws) if here or hosts else None
         local: set[int] = set()
-        if shared is not None:
+        if shared is not None and here:
             # one round trip, not two: the processes that map the file assign at once and
             # keep what they replaced; a failure anywhere has them put it back (release)
             local |= _assign_file(cluster, here, (token, name, *shared), what)
-        if shared_memory:
-            local |= _one_copy_per_host(cluster, [p for p in everyone if p not in here],
-                                        (token, payload, *raws), name, what)
+        if hosts:
+            local |= _one_copy_per_host(cluster, hosts, (token, name), shared, (payload, *raws),
+                                        what)
         others = [p for p in everyone if p not in local]
         if others:
             _check(_on(cluster, others, (engine.stage_value, token, payload, *raws))[1], what)
@@ -138,31 +144,55 @@ def _assign_file(
     return {p for p, found in replies.items() if found}
 
 
-def _one_copy_per_host(
-    cluster: ClusterHandle, processes: list[int], value: tuple[Any, ...], name: str, what: str
-) -> set[int]:
-    """The value sent once to each other host with several of ``processes``: the lowest of them
-    writes it into a /dev/shm file there (``engine.write_value``) and all of them map it.
-    Those that did; the file is gone once they have."""
+def _other_hosts(cluster: ClusterHandle, processes: list[int]) -> list[list[int]]:
+    """``processes`` by the host they run on, where a host runs several of them."""
     hosts: dict[str, list[int]] = {}
     for p in processes:
         if (machine := cluster.machines[p]) is not None:
             hosts.setdefault(machine, []).append(p)
-    shared = [sorted(group) for group in hosts.values() if len(group) > 1]
-    if not shared:
-        return set()
-    writers = [group[0] for group in shared]
-    token = value[0]
-    written, errors = _on(cluster, writers, (engine.write_value, *value))
-    _check(errors, what)
-    mapped: set[int] = set()
+    return [sorted(group) for group in hosts.values() if len(group) > 1]
+
+
+def _one_copy_per_host(
+    cluster: ClusterHandle,
+    hosts: list[list[int]],
+    token_and_name: tuple[str, str],
+    shared: tuple[str, engine.Span, list[engine.Span]] | None,
+    value: tuple[Any, ...],
+    what: str,
+) -> set[int]:
+    """The value brought once to each of ``hosts`` (each a list of its processes): the lowest
+    process there reads the notebook's file (``shared``) from its file server, or, where that
+    cannot be, is sent the value through ipyparallel, and writes it into a /dev/shm file there;
+    every process of the host maps that file. Those that did; the files are gone once they
+    have."""
+    token, name = token_and_name
+    readers = [group[0] for group in hosts]
+    copies: dict[int, tuple[Any, ...]] = {}
+    server = cluster.file_server if shared is not None else None
     try:
-        for group in shared:
-            if written[group[0]] is not None:
-                mapped |= _assign_file(cluster, group, (token, name, *written[group[0]]), what)
+        if server is not None and shared is not None:
+            server.offer(token, shared[0])
+            size = os.path.getsize(shared[0])
+            fetched, errors = _on(cluster, readers, (engine.fetch_value, token, server.address,
+                                                     size, FETCH_SECONDS))
+            server.withdraw(token)
+            _check(errors, what)
+            copies = {p: (path, *shared[1:]) for p, path in fetched.items() if path is not None}
+        unread = [p for p in readers if p not in copies]
+        if unread:
+            written, errors = _on(cluster, unread, (engine.write_value, token, *value))
+            _check(errors, what)
+            copies |= {p: copy for p, copy in written.items() if copy is not None}
+        mapped: set[int] = set()
+        for group in hosts:
+            if group[0] in copies:
+                mapped |= _assign_file(cluster, group, (token, name, *copies[group[0]]), what)
+        return mapped
     finally:
-        _on(cluster, writers, (engine.forget_file, token))
-    return mapped
+        if server is not None:
+            server.withdraw(token)
+        _on(cluster, readers, (engine.forget_file, token))
 
 
 def _write_file(

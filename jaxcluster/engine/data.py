@@ -18,6 +18,7 @@ import io
 import mmap
 import os
 import pickle
+import socket
 import sys
 import uuid
 from collections.abc import Iterable
@@ -32,7 +33,7 @@ _held: dict[str, Any] = {}
 # token -> (name, what it held before a push assigned it, or _UNSET)
 _replaced: dict[str, tuple[str, Any]] = {}
 _UNSET = object()
-_written: dict[str, str] = {}  # token -> the /dev/shm file ``write_value`` wrote here
+_written: dict[str, str] = {}  # token -> the /dev/shm file ``write_value`` (or fetch) made here
 SHARED_MEMORY_DIR = "/dev/shm"
 ALIGN = 64  # bytes: where each buffer of a pushed value starts in its /dev/shm file
 
@@ -284,16 +285,10 @@ def write_value(token: str, payload: Any, *buffers: Any) -> tuple[str, Span, lis
     the buffers' spans), or None where /dev/shm has no room. ``forget_file`` removes it."""
     raws = [memoryview(b).cast("B") for b in (payload, *buffers)]
     spans = value_spans(raws[0].nbytes, [r.nbytes for r in raws[1:]])
-    size = max([raws[0].nbytes, *(start + n for start, n in spans)])
-    try:
-        room = os.statvfs(SHARED_MEMORY_DIR)
-    except OSError:
+    made = _shm_file(token, max([raws[0].nbytes, *(start + n for start, n in spans)]))
+    if made is None:
         return None
-    if room.f_bavail * room.f_frsize < size:
-        return None
-    path = os.path.join(SHARED_MEMORY_DIR, f"jaxcluster-{uuid.uuid4().hex}")
-    fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
-    _written[token] = path
+    path, fd = made
     try:
         write_at(fd, [(0, raws[0]), *((start, raw) for (start, _), raw in
                                      zip(spans, raws[1:], strict=True))])
@@ -303,6 +298,56 @@ def write_value(token: str, payload: Any, *buffers: Any) -> tuple[str, Span, lis
     finally:
         os.close(fd)
     return path, (0, raws[0].nbytes), spans
+
+
+def token_request(token: str) -> bytes:
+    """What a reader sends the notebook's file server (``data/file_server.py``) for a file."""
+    return token.encode() + b"\n"
+
+
+def fetch_value(token: str, server: tuple[str, int], size: int, timeout: float) -> str | None:
+    """This host's one copy of a value pushed to every process, read from the notebook's file
+    server into a new /dev/shm file here (as ``write_value`` writes it); its path, or None
+    where it cannot be had (no room, no connection in time): then ipyparallel brings it."""
+    made = _shm_file(token, size)
+    if made is None:
+        return None
+    path, fd = made
+    got = 0
+    try:
+        os.ftruncate(fd, size)
+        with socket.create_connection((server[0], int(server[1])), timeout=timeout) as conn, \
+                mmap.mmap(fd, size) as mapping:
+            conn.sendall(token_request(token))
+            view = memoryview(mapping)
+            try:
+                while got < size and (n := conn.recv_into(view[got:], size - got)):
+                    got += n
+            finally:
+                view.release()
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+    if got < size:
+        forget_file(token)
+        return None
+    return path
+
+
+def _shm_file(token: str, size: int) -> tuple[str, int] | None:
+    """A new /dev/shm file for ``size`` bytes, open for writing, kept until ``forget_file``;
+    None where /dev/shm has no room."""
+    try:
+        room = os.statvfs(SHARED_MEMORY_DIR)
+    except OSError:
+        return None
+    if room.f_bavail * room.f_frsize < size:
+        return None
+    path = os.path.join(SHARED_MEMORY_DIR, f"jaxcluster-{uuid.uuid4().hex}")
+    fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+    _written[token] = path
+    return path, fd
 
 
 def forget_file(token: str) -> None:
