@@ -87,6 +87,18 @@ def magics_shell(start_line: str) -> Iterator:
 
 
 @contextmanager
+def hosts_or_skip(layout: list[int], shared_tmp: bool = False) -> Iterator:
+    """``tests.netns_hosts.namespace_hosts``, or the test skipped where none can be made."""
+    from tests.netns_hosts import Unavailable, namespace_hosts
+
+    try:
+        with namespace_hosts(layout, shared_tmp) as made:
+            yield made
+    except Unavailable as e:
+        pytest.skip(f"cannot make namespace hosts: {e}")
+
+
+@contextmanager
 def python_kernel(ready_timeout: float = 120) -> Iterator:
     """A real ipykernel (what a notebook talks to): (manager, client), always shut down."""
     from jupyter_client import KernelManager

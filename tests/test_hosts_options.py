@@ -75,15 +75,18 @@ def test_ssh_plan():
     engine_set = plan.config.SSHEngineSetLauncher
     assert plan.engine_launcher == "ssh"
     assert plan.controller_ip == "127.0.0.1"  # the interface that reaches the first host
+    no_nanny = "--IPEngine.enable_nanny=False"  # back-channel requests go to the engine itself
     assert engine_set.engines == {
-        "localhost": {"n": 2, "engine_args": [f"{HOST_ARG}localhost"]},
-        "h2": {"n": 1, "engine_args": [f"{HOST_ARG}h2"]},
+        "localhost": {"n": 2, "engine_args": [f"{HOST_ARG}localhost", no_nanny]},
+        "h2": {"n": 1, "engine_args": [f"{HOST_ARG}h2", no_nanny]},
     }
     assert engine_set.engine_cmd == [sys.executable, "-m", "jaxcluster.engine"]
     assert engine_set.remote_python == sys.executable
     assert engine_set.environment == {"JAX_PLATFORMS": "cpu"}
     assert engine_set.ssh_args[:2] == ["-i", "key"] and "BatchMode=yes" in engine_set.ssh_args
     assert engine_set.scp_args == engine_set.ssh_args
+    # out of the kernel's process group, which the stop button signals
+    assert plan.config.SSHLauncher.ssh_cmd == ["setsid", "ssh"]
     assert plan.config.SSHEngineLauncher.to_send == []
     assert plan.preflight is not None
     ip = plan_launch(LaunchRequest(launcher="ssh", nodes=1, environment={}, hosts=["h"],

@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import pytest
 
-from tests.conftest import cluster_processes, python_kernel
-from tests.netns_hosts import NamespaceHosts, Unavailable, namespace_hosts
+from tests.conftest import cluster_processes, hosts_or_skip, python_kernel
+from tests.netns_hosts import NamespaceHosts
 
 pytestmark = pytest.mark.cluster
 
@@ -83,11 +83,8 @@ def value(kc, expression: str):
 
 @pytest.fixture(scope="module")
 def hosts():
-    try:
-        with namespace_hosts([2]) as made:
-            yield made
-    except Unavailable as e:
-        pytest.skip(f"cannot make namespace hosts: {e}")
+    with hosts_or_skip([2]) as made:
+        yield made
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,8 @@ import sys
 import pytest
 
 import jaxcluster
-from tests.netns_hosts import NamespaceHosts, Unavailable, namespace_hosts
+from tests.conftest import hosts_or_skip
+from tests.netns_hosts import NamespaceHosts
 
 # what a host says about itself, from the notebook's Python run there
 PROBE = """
@@ -27,11 +28,8 @@ PID = "import os; print(os.getpid())"
 
 @pytest.fixture(scope="module")
 def hosts():
-    try:
-        with namespace_hosts([2]) as made:
-            yield made
-    except Unavailable as e:
-        pytest.skip(f"cannot make namespace hosts: {e}")
+    with hosts_or_skip([2]) as made:
+        yield made
 
 
 def on(hosts: NamespaceHosts, host: str, command: str) -> str:
@@ -72,15 +70,12 @@ def test_a_host_has_its_own_name_files_and_pids_and_runs_our_python(hosts, tmp_p
 
 
 def test_shared_tmp_and_the_next_pid_make_two_hosts_alike(tmp_path):
-    try:
-        with namespace_hosts([2], shared_tmp=True) as hosts:
-            h1, h2 = hosts.networks[0].namespaces
-            (tmp_path / "from-the-notebook").touch()
-            hosts.set_next_pid(4000)
-            pids = [python_on(hosts, h, PID) for h in (h1, h2)]
-            assert pids[0] == pids[1] and int(pids[0]) >= 4000
-            on(hosts, h1, f"touch {tmp_path}/from-h1 /dev/shm/rig-{os.getpid()}")
-            assert on(hosts, h2, f"ls {tmp_path}").split() == ["from-h1", "from-the-notebook"]
-            assert not os.path.exists(f"/dev/shm/rig-{os.getpid()}")  # still private
-    except Unavailable as e:
-        pytest.skip(f"cannot make namespace hosts: {e}")
+    with hosts_or_skip([2], shared_tmp=True) as hosts:
+        h1, h2 = hosts.networks[0].namespaces
+        (tmp_path / "from-the-notebook").touch()
+        hosts.set_next_pid(4000)
+        pids = [python_on(hosts, h, PID) for h in (h1, h2)]
+        assert pids[0] == pids[1] and int(pids[0]) >= 4000
+        on(hosts, h1, f"touch {tmp_path}/from-h1 /dev/shm/rig-{os.getpid()}")
+        assert on(hosts, h2, f"ls {tmp_path}").split() == ["from-h1", "from-the-notebook"]
+        assert not os.path.exists(f"/dev/shm/rig-{os.getpid()}")  # still private

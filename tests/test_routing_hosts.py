@@ -8,8 +8,7 @@ from __future__ import annotations
 import pytest
 
 from jaxcluster import JaxCluster
-from tests.conftest import stopped_at_the_end
-from tests.netns_hosts import Unavailable, namespace_hosts
+from tests.conftest import hosts_or_skip, stopped_at_the_end
 
 pytestmark = pytest.mark.cluster
 
@@ -19,11 +18,8 @@ NEXT_PID = 5000
 
 @pytest.fixture(scope="module")
 def hosts():
-    try:
-        with namespace_hosts([2], shared_tmp=True) as made:
-            yield made
-    except Unavailable as e:
-        pytest.skip(f"cannot make namespace hosts: {e}")
+    with hosts_or_skip([2], shared_tmp=True) as made:
+        yield made
 
 
 def test_every_process_runs_its_own_cell_in_every_start(hosts):

@@ -22,19 +22,16 @@ import pytest
 from IPython.utils.capture import capture_output
 
 from jaxcluster import JaxCluster, JaxClusterError
-from tests.conftest import cluster_processes, magics_shell, wait_until_gone
-from tests.netns_hosts import NamespaceHosts, Unavailable, namespace_hosts
+from tests.conftest import cluster_processes, hosts_or_skip, magics_shell, wait_until_gone
+from tests.netns_hosts import NamespaceHosts
 
 pytestmark = pytest.mark.cluster
 
 
 @pytest.fixture(scope="module")
 def hosts():
-    try:
-        with namespace_hosts([2, 1]) as made:
-            yield made
-    except Unavailable as e:
-        pytest.skip(f"cannot make namespace hosts: {e}")
+    with hosts_or_skip([2, 1]) as made:
+        yield made
 
 
 def _addresses(hosts, network: int = 0) -> list[str]:

@@ -21,7 +21,11 @@ Replies = tuple[dict[int, Any], dict[int, str]]  # answers and errors, by proces
 
 class CallError(Exception):
     """A call an engine refused or failed: ``Type: message`` from the engine, or why the
-    notebook got no answer."""
+    notebook got no answer; ``lost``: its engine is gone (it died, or is not registered)."""
+
+    def __init__(self, message: str, lost: bool = False) -> None:
+        super().__init__(message)
+        self.lost = lost
 
 
 class BackChannel:
@@ -45,7 +49,7 @@ class BackChannel:
                     self._engine_ids[process], REQUEST, {"call": name, "args": list(args)},
                     block=False)
             except Exception as e:  # not registered (any more), or the client is closed
-                answer.set_exception(CallError(f"its engine cannot be reached ({e})"))
+                answer.set_exception(CallError(f"its engine cannot be reached ({e})", lost=True))
                 continue
             sent.add_done_callback(lambda done, answer=answer: _settle(answer, done))
         return answers

@@ -63,7 +63,7 @@ class Pending:
             raw = b""
         answer = self.answers[process]
         if not raw:
-            answer.set_exception(CallError(CLOSED))
+            answer.set_exception(CallError(CLOSED, lost=True))
             return
         try:
             reply = json.loads(raw)

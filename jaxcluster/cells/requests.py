@@ -25,7 +25,8 @@ from ipyparallel.error import RemoteError
 
 from ..contracts import ClusterHandle
 from ..engine import cells
-from .inboxes import CLOSED, Pending, request
+from .backchannel import CallError
+from .inboxes import Pending, request
 from .live import Relay
 
 # seconds a process's output may lag its answer before the process counts as ended anyway
@@ -126,7 +127,7 @@ class _Cell:
         if failure is None:
             return {"status": "error"}  # the cell's error, as the engine published it
         text = str(failure)
-        if text == CLOSED:  # the controller's word for a task whose engine went away
+        if isinstance(failure, CallError) and failure.lost:  # as ipyparallel words it
             return {"status": "error", "error": RemoteError("EngineError", text, "")}
         name, _, message = text.partition(": ")
         return {"status": "error", "error": RemoteError(name, message, "")}

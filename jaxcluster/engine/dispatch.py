@@ -116,7 +116,7 @@ def latest() -> dict[str, Any] | None:
 
 
 def counts() -> dict[str, Any]:
-    """This cell's counts, asked of a process that has ended its cell (over ipyparallel):
+    """This cell's counts, asked over the back channel (``backchannel.py``):
     ``counts``: program key -> calls; ``programs``: key -> name, processes, devices."""
     return {
         "installed": _state["installed"], "cell": _state["cell"], "counts": dict(_counts),
