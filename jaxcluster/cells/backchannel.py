@@ -57,7 +57,12 @@ class BackChannel:
     def call(self, processes: Iterable[int], name: str, *args: Any, timeout: float) -> Replies:
         """``name(*args)`` on each of ``processes`` at once; one that does not answer within
         ``timeout`` fails."""
-        answers = self.start({p: (name, list(args)) for p in processes})
+        return self.ask({p: (name, list(args)) for p in processes}, timeout)
+
+    def ask(self, requests: dict[int, tuple[str, list[Any]]], timeout: float) -> Replies:
+        """Each process's call ``(name, args)`` at once; one that does not answer within
+        ``timeout`` fails."""
+        answers = self.start(requests)
         concurrent.futures.wait(answers.values(), timeout)
         return collect(answers, timeout)
 

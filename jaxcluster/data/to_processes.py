@@ -184,11 +184,12 @@ def _one_copy_per_host(
             written, errors = _on(cluster, unread, (engine.write_value, token, *value))
             _check(errors, what)
             copies |= {p: copy for p, copy in written.items() if copy is not None}
-        mapped: set[int] = set()
-        for group in hosts:
-            if group[0] in copies:
-                mapped |= _assign_file(cluster, group, (token, name, *copies[group[0]]), what)
-        return mapped
+        # every host's processes at once, each told its host's file
+        found, errors = cluster.backchannel.ask(
+            {p: ("assign_file", [token, name, *copies[group[0]]])
+             for group in hosts if group[0] in copies for p in group}, cluster.timeout)
+        _check(errors, what)
+        return {p for p, mapped in found.items() if mapped}
     finally:
         if server is not None:
             server.withdraw(token)
