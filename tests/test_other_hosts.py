@@ -219,7 +219,7 @@ def test_the_stop_button_stops_every_host_keeps_state_and_reaches_nothing_else(k
     run(kc, "%%spmd\nkept = 100 + jax.process_index()")
     threading.Timer(3, km.interrupt_kernel).start()
     cell = run(kc, "%%spmd\nprint('sleeping', flush=True)\ntime.sleep(1000)")
-    assert cell.took < 3 + 3 + 2, cell.took
+    assert cell.took - 3 < 3, cell.took  # from the stop button to the cell's end
     assert "processes 0-3 raised KeyboardInterrupt" in cell.reply["evalue"]
     assert "their state is kept" in cell.text and "restarted" not in cell.text
     time.sleep(2)  # a watcher that saw the signal would fail now
