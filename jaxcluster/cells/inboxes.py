@@ -1,7 +1,7 @@
 """The inboxes of the processes on this host (``engine/inbox.py``): a few named engine calls
 sent to many processes at once without ipyparallel's round trip, each wait bounded.
 
-Only processes that showed they run on this host have an inbox (``process.same_host``), and one
+Only processes that showed they run on this host have an inbox (``process.machine``), and one
 is used only once its engine greeted the connection with the engine id this notebook expects:
 a path never decides it. One that died refuses the connection. Unreachable processes are left
 to the back channel by the caller.
@@ -83,12 +83,7 @@ class Pending:
         self._wake.close()
         self._woken.close()
         return [p for p, answer in self.answers.items()
-                if not answer.done() or _failed_with(answer) == CLOSED]
-
-
-def _failed_with(answer: concurrent.futures.Future) -> str | None:
-    error = answer.exception()
-    return None if error is None else str(error)
+                if not answer.done() or getattr(answer.exception(), "lost", False)]
 
 
 class Inboxes:

@@ -88,8 +88,8 @@ def push(
 
 def _push_value(cluster: ClusterHandle, name: str, value: Any, shared_memory: bool) -> Transfer:
     """The whole value to every process: written once into a /dev/shm file of each host, which
-    the processes there map; sent through ipyparallel one copy per other host, and whole only to
-    processes alone on their host or without such a file."""
+    the processes there map (one copy crosses to each other host), and sent whole through
+    ipyparallel only to processes alone on their host or without such a file."""
     buffers: list[pickle.PickleBuffer] = []
     try:
         payload = pickle.dumps(value, protocol=5, buffer_callback=buffers.append)
@@ -176,7 +176,6 @@ def _one_copy_per_host(
             size = os.path.getsize(shared[0])
             fetched, errors = _on(cluster, readers, (engine.fetch_value, token, server.address,
                                                      size, FETCH_SECONDS))
-            server.withdraw(token)
             _check(errors, what)
             copies = {p: (path, *shared[1:]) for p, path in fetched.items() if path is not None}
         unread = [p for p in readers if p not in copies]
