@@ -1,6 +1,6 @@
 """Printing a global array in a %%spmd cell shows its global value once, however many processes
-print it and whether or not they hold part of it (issue 15); reading numbers a process does not
-hold says who holds them and the way out."""
+print it and whether or not they hold part of it (issue 15); numbers that no other process can
+name say where to read them (issue 30)."""
 
 from __future__ import annotations
 
@@ -73,11 +73,14 @@ def test_a_value_gone_by_the_end_of_the_cell_is_said_not_guessed(shell):
     assert lines[2] == "2 [2. 3. 4. 5. 6. 7. 8. 9.]"
 
 
-def test_reading_numbers_held_elsewhere_names_the_owners_and_the_way_out(shell):
-    shown, report, _ = failing_spmd(shell, "float(y[0])")
+def test_numbers_no_other_process_can_name_say_where_to_read_them(shell):
+    text, _ = run_spmd(shell, "print(float(y[1]))")  # made on every process: read anywhere
+    assert text.strip() == "[processes 0-3]\n1.0"
+    # a computation on process 0's devices alone: the others do not number what it makes
+    shown, report, _ = failing_spmd(shell, "float((y * 2)[0])")
     assert "[process 0] 0.0" in shown
-    assert "[processes 1-3]" in report and report.count("is spread over process 0") == 1
-    assert "%spmd_pull" in report and "process_allgather" in report
+    assert "[processes 1-3]" in report and report.count("is held by process 0") == 1
+    assert "Read it on process 0" in report
 
 
 def test_jax_debug_print_still_prints_the_shards(shell):

@@ -6,6 +6,7 @@ import this module from the same installation; keep it free of client state.
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import os
 import socket
@@ -154,7 +155,7 @@ def initialize(
         _cpu_collectives_listen_on(address)
     global _GPUS
     _GPUS = gpus
-    inbox = _install_hooks(inbox_dir)
+    inbox = _install_hooks(inbox_dir, address)
     try:
         return {**describe_jax(), "inbox": inbox}
     except Exception as e:
@@ -266,23 +267,55 @@ def jax_state() -> dict | None:
     return describe_jax()
 
 
-def _install_hooks(inbox_dir: str | None = None) -> str | None:
+def _install_hooks(inbox_dir: str | None = None, address: str | None = None) -> str | None:
     """gloo's chatter kept off fds 1 and 2, the sharding display, the notebook's cell numbers,
-    global arrays' values in printouts, the dispatch record that tells a hang from slow work,
-    the back channel that reports it, the inbox of a notebook on this host (in ``inbox_dir``;
-    its path is returned), and forgetting what a push replaced once the next cell runs."""
-    from . import backchannel, cells, chatter, data, dispatch, inbox, values
+    global arrays' values in printouts and their numbers read from the owners (served on
+    ``address``), the dispatch record that tells a hang from slow work, the back channel that
+    reports it, the inbox of a notebook on this host (in ``inbox_dir``; its path is returned),
+    and forgetting what a push replaced once the next cell runs."""
+    from . import backchannel, cells, chatter, data, dispatch, inbox, reads, values
     from .sharding import install as install_sharding_display
 
     chatter.install()
     install_sharding_display()
     cells.install()
     values.install()
+    reads.install()
+    _serve_shards(address)
     dispatch.install()
     backchannel.install()
     data.install()
     _absorb_scripts_initialize()
     return inbox.open_inbox(inbox_dir) if inbox_dir else None
+
+
+def _serve_shards(address: str | None) -> None:
+    """Serve this process's shards to the others' reads (``shards.py``), on ``address``, or
+    where the coordinator is reached from, signed with the cluster's key."""
+    from jax._src import distributed
+
+    from . import shards
+
+    state = distributed.global_state
+    if state.client is None or state.process_id is None:
+        return
+    if address is None:
+        address = _address_towards(state.coordinator_address or "127.0.0.1:0")
+    key = b""
+    with contextlib.suppress(ImportError, AttributeError):
+        from IPython import get_ipython
+
+        key = get_ipython().kernel.session.key
+    shards.serve(address, key, state.process_id, state.client)
+
+
+def _address_towards(target: str) -> str:
+    """This host's address on the route to ``target`` (host:port); loopback where none."""
+    host = target.rsplit(":", 1)[0].strip("[]")
+    with contextlib.suppress(OSError), socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.connect((socket.gethostbyname(host), 9))  # UDP: picks the route, sends nothing
+        return str(s.getsockname()[0])
+    return "127.0.0.1"
 
 
 def _absorb_scripts_initialize() -> None:

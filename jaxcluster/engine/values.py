@@ -15,8 +15,8 @@ process. Arrays are numbered as multi-process programs return them (``dispatch``
 own corners at once (the array may be gone at the cell's end); the others answer from the
 arrays still alive then.
 
-Value access that needs numbers a process does not hold (``float(x)``, ``np.asarray(x)``,
-iteration) raises an error naming the processes that hold them and the ways out.
+Reading the numbers of such an array (``float(x)``, ``np.asarray(x)``, iteration) is
+``reads.py``'s; it names arrays to their owners by the same keys.
 """
 
 from __future__ import annotations
@@ -24,11 +24,10 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
+import threading
 import weakref
 from collections.abc import Callable
 from typing import Any
-
-from ..render.labels import process_label
 
 OPEN, CLOSE = "\u27ea", "\u27eb"  # ⟪ ⟫: what no printout of numbers contains
 TOKEN_PREFIX = OPEN + "jax.Array "
@@ -40,13 +39,16 @@ PRINT_OPTIONS = ("precision", "threshold", "edgeitems", "linewidth", "suppress",
 _keys: dict[int, str] = {}  # id(array) -> key
 _arrays: weakref.WeakValueDictionary[str, Any] = weakref.WeakValueDictionary()
 _made: dict[str, int] = {}  # layout -> arrays of it made this cell
-_layouts: dict[tuple[str, int], str] = {}  # (program, output index) -> layout
+_layouts: dict[tuple[str, int], str | None] = {}  # (program, output) -> layout; None: unneeded
 _printed: dict[str, dict[str, Any]] = {}  # key -> what this process saw when it printed it
-_state: dict[str, Any] = {"installed": False, "cell": 0}
+_state: dict[str, Any] = {"installed": False, "cell": 0, "ended": 0}
+_pinned: dict[str, list[Any]] = {}  # key -> [array, reads still to serve] (``pin``)
+_served: dict[str, int] = {}  # key -> reads served before it was pinned
+_changed = threading.Condition()  # an array numbered or a new cell: a waiting owner looks again
 
 
 def install() -> bool:
-    """Patch ``jax.Array``'s printing and value access, and number global arrays; True when
+    """Patch ``jax.Array``'s printing, and number global arrays; True when
     installed (where JAX's internals differ, nothing is)."""
     if _state["installed"]:
         return True
@@ -56,9 +58,7 @@ def install() -> bool:
     except ImportError:
         return False
     impl = array.ArrayImpl
-    originals = {name: getattr(impl, name) for name in ("__repr__", "__str__", "__format__",
-                                                        "__iter__")}
-    value_getter = impl._value.fget
+    originals = {name: getattr(impl, name) for name in ("__repr__", "__str__", "__format__")}
 
     def patched_repr(self: Any) -> str:
         __tracebackhide__ = True  # IPython leaves these frames out of the user's tracebacks
@@ -73,26 +73,9 @@ def install() -> bool:
         mode = "str" if not spec else "format:" + spec.encode().hex() if self.ndim == 0 else ""
         return (mode and _placeholder(self, mode)) or originals["__format__"](self, spec)
 
-    def patched_iter(self: Any) -> Any:
-        __tracebackhide__ = True
-        if self.ndim and _elsewhere(self):
-            raise RuntimeError(_access_error(self))
-        return originals["__iter__"](self)
-
-    def patched_value(self: Any) -> Any:
-        __tracebackhide__ = True
-        try:
-            return value_getter(self)
-        except RuntimeError as e:
-            if "spans non-addressable" not in str(e):
-                raise
-            raise RuntimeError(_access_error(self)) from None
-
     impl.__repr__ = patched_repr  # type: ignore[method-assign]
     impl.__str__ = patched_str  # type: ignore[method-assign]
     impl.__format__ = patched_format  # type: ignore[method-assign]
-    impl.__iter__ = patched_iter  # type: ignore[method-assign]
-    impl._value = property(patched_value)  # type: ignore[method-assign]
     for name in MADE_BY:
         if hasattr(jax, name):
             setattr(jax, name, _numbering(getattr(jax, name)))
@@ -106,8 +89,12 @@ def install() -> bool:
 
 def new_cell(*_: Any) -> None:
     """A new cell: numbering starts again, and what was printed is forgotten."""
-    _state["cell"] += 1
-    _made.clear()
+    with _changed:
+        _state["cell"] += 1
+        _made.clear()
+        _pinned.clear()
+        _served.clear()
+        _changed.notify_all()
     _printed.clear()
 
 
@@ -118,6 +105,7 @@ def _on_every_cell() -> None:
         shell = get_ipython()
         if shell is not None:
             shell.events.register("pre_run_cell", new_cell)
+            shell.events.register("post_run_cell", _cell_ended)
 
 
 # -- numbering -------------------------------------------------------------------------------
@@ -139,16 +127,22 @@ def _numbering(make: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _note_program_outputs(program: str, outputs: Any) -> None:
-    """Called by ``dispatch`` with what a multi-process program returned."""
+    """Called by ``dispatch`` with what a multi-process program returned: its outputs that
+    some process cannot read by itself are numbered (a replicated one too, where some process
+    holds none of it: a mesh over some processes' devices)."""
     import jax
 
     for index, leaf in enumerate(outputs):
-        if not isinstance(leaf, jax.Array) or leaf.is_fully_replicated:
+        if not isinstance(leaf, jax.Array):
             continue
-        layout = _layouts.get((program, index))
-        if layout is None:  # the same for every call of the program: computed once
-            layout = _layouts[(program, index)] = _layout_of(leaf)
-        _register(leaf, layout)
+        layout = _layouts.get((program, index), "")
+        if layout == "":  # the same for every call of the program: decided once
+            everywhere = leaf.is_fully_replicated and len(
+                {d.process_index for d in leaf.sharding.device_set}  # type: ignore[attr-defined]
+            ) == jax.process_count()
+            layout = _layouts[(program, index)] = None if everywhere else _layout_of(leaf)
+        if layout is not None:
+            _register(leaf, layout)
 
 
 def _layout_of(arr: Any) -> str:
@@ -158,17 +152,68 @@ def _layout_of(arr: Any) -> str:
 
 
 def _register(arr: Any, layout: str) -> None:
-    _made[layout] = count = _made.get(layout, 0) + 1
-    key = f"{layout}.{_state['cell']}.{count}"
-    ident = id(arr)
-    _keys[ident] = key
-    _arrays[key] = arr
+    with _changed:
+        _made[layout] = count = _made.get(layout, 0) + 1
+        key = f"{layout}.{_state['cell']}.{count}"
+        ident = id(arr)
+        _keys[ident] = key
+        _arrays[key] = arr
+        _changed.notify_all()
     weakref.finalize(arr, _keys.pop, ident, None)
+
+
+def made(key: str, timeout: float) -> Any:
+    """The array of this key, waiting up to ``timeout`` seconds for this process to make it
+    (a reader may run ahead of its owners). Raises ``LookupError``: "deleted" where it was
+    made and is gone, "not made" where its cell ended, or ``timeout`` passed, without it.
+    Called from the shard server's threads."""
+    layout, cell, count = key.rsplit(".", 2)
+
+    def gone_by() -> bool:
+        return _state["cell"] > int(cell) or (
+            _state["cell"] == int(cell) and _made.get(layout, 0) >= int(count))
+
+    with _changed:
+        _changed.wait_for(lambda: key in _pinned or key in _arrays or gone_by()
+                          or _state["ended"] >= int(cell), timeout)
+        found = _pinned[key][0] if key in _pinned else _arrays.get(key)
+        if found is None:
+            raise LookupError("deleted" if gone_by() else "not made")
+        return found
+
+
+def pin(key: str, arr: Any, reads: int) -> None:
+    """Keep ``arr`` until ``reads`` reads of it were served (``served``), or the next cell:
+    the source of a move between device sets, which the other processes read from this one
+    after this one may have dropped it."""
+    with _changed:
+        left = reads - _served.pop(key, 0)
+        if left > 0:
+            _pinned[key] = [arr, left]
+            _changed.notify_all()
+
+
+def served(key: str) -> None:
+    """One read of ``key`` was served: a pin is let go after its last."""
+    with _changed:
+        pinned = _pinned.get(key)
+        if pinned is None:
+            _served[key] = _served.get(key, 0) + 1  # served before pinned: counted ahead
+        else:
+            pinned[1] -= 1
+            if pinned[1] <= 0:
+                del _pinned[key]
+
+
+def _cell_ended(*_: Any) -> None:
+    with _changed:
+        _state["ended"] = _state["cell"]
+        _changed.notify_all()
 
 
 # -- printing --------------------------------------------------------------------------------
 
-def _elsewhere(arr: Any) -> bool:
+def held_elsewhere(arr: Any) -> bool:
     """Whether JAX cannot show ``arr``'s numbers here: some of them are on other processes."""
     try:
         sharding = arr.sharding
@@ -181,7 +226,7 @@ def _elsewhere(arr: Any) -> bool:
 def _placeholder(arr: Any, mode: str) -> str | None:
     """The placeholder for ``arr`` printed as ``mode`` (repr, str, format:<hex spec>), or None
     where JAX's own text is what to show."""
-    if not _elsewhere(arr) or arr.size == 0:
+    if not held_elsewhere(arr) or arr.size == 0:
         return None
     key = _keys.get(id(arr))
     if key is None:
@@ -243,11 +288,23 @@ def _read(data: Any, local: list[list[int]]) -> Any:
     """The elements at ``local`` indices of one shard, copying only those off an accelerator."""
     import numpy as np
 
+    around = tuple(slice(ix[0], ix[-1] + 1) for ix in local)  # one box around the corners
+    return read_local(data, around)[np.ix_(*[[i - ix[0] for i in ix] for ix in local])]
+
+
+def read_local(data: Any, box: tuple[slice, ...]) -> Any:
+    """A box of one shard's numbers as NumPy: a view of the host's memory on CPU, a copy of
+    the box alone off an accelerator."""
+    import numpy as np
+
     if data.devices().pop().platform == "cpu":
-        return np.asarray(data)[np.ix_(*local)]  # the host's own memory: no copy of the shard
-    blocks = data[tuple(slice(ix[0], ix[-1] + 1) for ix in local)]  # one box around the corners
-    box = np.asarray(blocks)
-    return box[np.ix_(*[[i - ix[0] for i in ix] for ix in local])]
+        return np.asarray(data)[box]
+    return np.asarray(data[box])
+
+
+def key_of(arr: Any) -> str | None:
+    """The key every process gives ``arr``; None where it was not numbered."""
+    return _keys.get(id(arr))
 
 
 def values_for(keys: list[str]) -> dict[str, dict[str, Any]]:
@@ -263,16 +320,3 @@ def values_for(keys: list[str]) -> dict[str, dict[str, Any]]:
             elif arr is not None and not arr.is_deleted():
                 answer[key] = dict(describe(arr), printed=False)
     return answer
-
-
-def _access_error(arr: Any) -> str:
-    # the same words on every process, so that %%spmd shows the error once
-    owners = sorted({d.process_index for d in arr.sharding.device_set})
-    return (
-        f"This jax.Array (shape {tuple(arr.shape)}, {arr.dtype.name}) is spread over "
-        f"{process_label(owners)}, and this process does not hold all of it, so its numbers "
-        "cannot be read here (float(), int(), np.asarray(), iteration, .tolist()). To see it, "
-        "print it (the notebook shows the global value), or bring it into the notebook with "
-        "`%spmd_pull NAME`; to have it on every process, call "
-        "`jax.experimental.multihost_utils.process_allgather(x)` on all of them (a collective)."
-    )

@@ -1,0 +1,307 @@
+"""Reading a global array's numbers on any process: JAX's value path (``np.asarray``,
+``float``, ``int``, ``bool``, ``.tolist()``, ``.item()``, iteration, indexing) and
+``jax.device_put`` between device sets, for arrays this process does not hold all of.
+
+JAX refuses these where some shards live on other processes ("spans non-addressable
+devices"), and its way round, ``process_allgather``, is a collective: it deadlocks under
+``if jax.process_index() == 0:``. Here the reading process copies its own shards from memory
+and asks each owner for the rest (``shards.py``), point to point, and nothing runs anywhere
+else: it works on one process alone and on processes that hold nothing. Only what JAX would
+refuse takes this path; everything else stays JAX's own.
+
+Indexing such an array reads only the indexed box and gives an array on this process, as
+JAX's own iteration over a sharded array does; computations stay global, made by every
+process together (a slice taken inside ``jax.jit`` stays sharded). A whole read is kept on the
+array, as JAX keeps its own (``_npy_value``), and goes with it.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from ..render.labels import process_label
+from . import shards, values
+
+Box = list[tuple[int, int]]
+Bounds = tuple[tuple[int, int], ...]  # a box as a dictionary key
+
+
+def install() -> bool:
+    """Patch ``jax.Array``'s value path and ``jax.device_put``; True when installed."""
+    try:
+        import jax
+        from jax._src import api, array
+    except ImportError:
+        return False
+    impl = array.ArrayImpl
+    if getattr(impl, "_jaxcluster_reads", False):
+        return True
+    value_getter = impl._value.fget
+    original_iter, original_getitem = impl.__iter__, impl.__getitem__
+
+    def patched_value(self: Any) -> Any:
+        __tracebackhide__ = True  # IPython leaves these frames out of the user's tracebacks
+        try:
+            return value_getter(self)
+        except RuntimeError as e:
+            if "spans non-addressable" not in str(e):
+                raise
+        value = read(self)
+        value.flags.writeable = False
+        self._npy_value = value  # as JAX keeps its own: freed with the array
+        return value
+
+    def patched_iter(self: Any) -> Any:
+        __tracebackhide__ = True
+        if self.ndim and values.held_elsewhere(self):
+            whole = self._value
+            return (api.device_put(whole[i]) for i in range(self.shape[0]))
+        return original_iter(self)
+
+    def patched_getitem(self: Any, idx: Any, /) -> Any:
+        __tracebackhide__ = True
+        if values.held_elsewhere(self):
+            found = basic_box(idx, self.shape)
+            if found is not None:
+                jax.eval_shape(lambda a: a[idx], self)  # JAX's own errors, as it would raise
+                box, within = found
+                whole = self._npy_value  # read already
+                return api.device_put(whole[idx] if whole is not None else
+                                      read(self, box)[within])
+        return original_getitem(self, idx)
+
+    impl._value = property(patched_value)  # type: ignore[method-assign]
+    impl.__iter__ = patched_iter  # type: ignore[method-assign]
+    impl.__getitem__ = patched_getitem  # type: ignore[method-assign]
+    impl._jaxcluster_reads = True  # type: ignore[attr-defined]
+    jax.device_put = _between_device_sets(jax.device_put, api.device_put)
+    return True
+
+
+def read(arr: Any, box: Box | None = None) -> Any:
+    """``arr``'s numbers in ``box`` (global ``[start, stop)`` per axis; all by default) as a
+    new NumPy array: this process's shards from memory, the others' from their owners."""
+    import jax
+    import numpy as np
+
+    box = box or [(0, n) for n in arr.shape]
+    out = np.empty([stop - start for start, stop in box], arr.dtype)
+    if out.size == 0:
+        return out
+    mine = {shard.device.id: shard for shard in arr.addressable_shards}
+    asks: dict[int, list[tuple[int, Box, Any]]] = {}
+    for holder, overlap, bounds in _pieces(arr, box, jax.process_index()):
+        # with ``...`` the index is a view, also of a 0-d array
+        where: tuple[Any, ...] = tuple(slice(a - lo, b - lo)
+                                       for (a, b), (lo, _) in zip(overlap, box, strict=True))
+        dest = out[(*where, ...)]
+        if holder.id in mine:
+            within = tuple(slice(a - s, b - s) for (a, b), (s, _) in zip(overlap, bounds,
+                                                                         strict=True))
+            dest[...] = values.read_local(mine[holder.id].data, within)
+        else:
+            asks.setdefault(holder.process_index, []).append((holder.id, overlap, dest))
+    if asks:
+        _fetch_all(arr, asks)
+    return out
+
+
+def _pieces(arr: Any, box: Box, reader: int) -> list[tuple[Any, Box, Box]]:
+    """Where process ``reader`` reads each part of ``box``: (the device it reads from, the
+    part, that device's shard's box). Its own copy where it has one; else, among the copies,
+    readers spread by their index. Owners plan with it too, to know who will read them."""
+    found: dict[Bounds, list[Any]] = {}
+    for device, index in arr.sharding.devices_indices_map(arr.shape).items():
+        bounds = tuple(s.indices(n)[:2] for s, n in zip(index, arr.shape, strict=True))
+        found.setdefault(bounds, []).append(device)
+    pieces = []
+    for bounds, devices in found.items():
+        overlap = [(max(a, lo), min(b, hi)) for (a, b), (lo, hi) in zip(bounds, box,
+                                                                       strict=True)]
+        if any(a >= b for a, b in overlap):
+            continue
+        holders = sorted(devices, key=lambda d: d.id)
+        local = [d for d in holders if d.process_index == reader]
+        holder = local[0] if local else holders[reader % len(holders)]
+        pieces.append((holder, overlap, list(bounds)))
+    return pieces
+
+
+def _fetch_all(arr: Any, asks: dict[int, list[tuple[int, Box, Any]]]) -> None:
+    """Every owner at once, each on a thread of its own but the last."""
+    key = values.key_of(arr)
+    if key is None:
+        raise RuntimeError(_unnamed(arr)) from None
+    failures: dict[int, shards.OwnerError] = {}
+
+    def ask(owner: int) -> None:
+        try:
+            shards.fetch(owner, key, asks[owner])
+        except shards.OwnerError as e:
+            failures[owner] = e
+
+    owners = sorted(asks)
+    threads = [threading.Thread(target=ask, args=(o,), daemon=True) for o in owners[1:]]
+    for thread in threads:
+        thread.start()
+    ask(owners[0])
+    for thread in threads:
+        thread.join()
+    if failures:
+        owner = min(failures)
+        raise RuntimeError(_owner_failed(arr, owner, failures[owner])) from None
+
+
+def basic_box(idx: Any, shape: tuple[int, ...]) -> tuple[Box, tuple[Any, ...]] | None:
+    """For basic indexing (integers, slices, ``...``, ``None``): the box it touches and the
+    index into that box that gives the result; None for anything else (JAX's own path)."""
+    import numpy as np
+
+    items = idx if isinstance(idx, tuple) else (idx,)
+
+    def whole(i: Any) -> bool:
+        return isinstance(i, int | np.integer) and not isinstance(i, bool | np.bool_)
+
+    for i in items:
+        plain_slice = isinstance(i, slice) and all(
+            b is None or whole(b) for b in (i.start, i.stop, i.step))
+        if not (i is None or i is Ellipsis or plain_slice or whole(i)):
+            return None
+    axes = sum(1 for i in items if i is not None and i is not Ellipsis)
+    if axes > len(shape) or sum(1 for i in items if i is Ellipsis) > 1:
+        return None  # JAX's own error
+    fill = (slice(None),) * (len(shape) - axes)
+    if Ellipsis in items:
+        at = items.index(Ellipsis)
+        items = items[:at] + fill + items[at + 1:]
+    else:
+        items = items + fill
+    box: Box = []
+    within: list[Any] = []
+    axis = 0
+    for i in items:
+        if i is None:
+            within.append(None)
+            continue
+        n = shape[axis]
+        axis += 1
+        if isinstance(i, slice):
+            steps = range(*i.indices(n))
+            if not steps:
+                box.append((0, 0))
+                within.append(slice(0, 0))
+                continue
+            lo, hi = min(steps[0], steps[-1]), max(steps[0], steps[-1]) + 1
+            end = steps[-1] - lo + (1 if steps.step > 0 else -1)
+            box.append((lo, hi))
+            within.append(slice(steps[0] - lo, end if end >= 0 else None, steps.step))
+        else:
+            at = int(i) + n if int(i) < 0 else int(i)
+            if not 0 <= at < n:
+                return None  # JAX's own IndexError
+            box.append((at, at + 1))
+            within.append(0)
+    return box, tuple(within)
+
+
+def _between_device_sets(
+    put: Callable[..., Any], put_one: Callable[..., Any]
+) -> Callable[..., Any]:
+    """``jax.device_put`` that also moves arrays to shardings over other devices, where JAX
+    refuses a cross-host reshard: each process reads its target shards from the owners."""
+
+    @functools.wraps(put)
+    def device_put(x: Any, device: Any = None, *args: Any, **kwargs: Any) -> Any:
+        __tracebackhide__ = True
+        try:
+            return put(x, device, *args, **kwargs)
+        except ValueError as e:
+            if "cross-host reshard" not in str(e) or args or kwargs:
+                raise
+            moved = _moved(x, device, put, put_one)
+            if moved is None:
+                raise
+            return moved
+
+    return device_put
+
+
+def _moved(x: Any, device: Any, put: Callable[..., Any], put_one: Callable[..., Any]) -> Any:
+    import jax
+    from jax.sharding import Sharding
+
+    leaves, tree = jax.tree.flatten(x)
+    targets = jax.tree.leaves(device, is_leaf=lambda s: isinstance(s, Sharding))
+    if len(targets) == 1:
+        targets *= len(leaves)
+    if len(targets) != len(leaves) or not all(isinstance(t, Sharding) for t in targets):
+        return None
+    moved = []
+    me = jax.process_index()
+    for leaf, target in zip(leaves, targets, strict=True):
+        if not isinstance(leaf, jax.Array) or leaf.sharding.device_set == target.device_set:
+            moved.append(put(leaf, target))
+            continue
+        wanted = _target_boxes(leaf, target)
+        key = values.key_of(leaf)
+        if key is not None:  # kept here until every process has read its part from here
+            values.pin(key, leaf, sum(
+                1 for reader, boxes in wanted.items() if reader != me for box in boxes
+                if any(h.process_index == me for h, _, _ in _pieces(leaf, list(box), reader))))
+        numbers = {box: read(leaf, list(box)) for box in wanted.get(me, {})}
+        box_of = {dev: box for box, devs in wanted.get(me, {}).items() for dev in devs}
+        pieces = [put_one(numbers[box_of[dev]], dev)
+                  for dev in target.addressable_devices_indices_map(leaf.shape)]
+        moved.append(jax.make_array_from_single_device_arrays(leaf.shape, target, pieces,
+                                                             dtype=leaf.dtype))
+    return jax.tree.unflatten(tree, moved)
+
+
+def _target_boxes(leaf: Any, target: Any) -> dict[int, dict[Bounds, list[Any]]]:
+    """Per process, the distinct boxes of ``target``'s shards it holds, and on which devices."""
+    wanted: dict[int, dict[Bounds, list[Any]]] = {}
+    for dev, index in target.devices_indices_map(leaf.shape).items():
+        box = tuple(s.indices(n)[:2] for s, n in zip(index, leaf.shape, strict=True))
+        wanted.setdefault(dev.process_index, {}).setdefault(box, []).append(dev)
+    return wanted
+
+
+def _described(arr: Any) -> str:
+    return f"this jax.Array (shape {tuple(arr.shape)}, {arr.dtype.name})"
+
+
+def _owner_failed(arr: Any, owner: int, e: shards.OwnerError) -> str:
+    what = _described(arr)
+    if e.lost:
+        return (
+            f"Process {owner} holds part of {what}, but could not be read from: {e.why}. "
+            "It has probably died; `%jax_cluster status` says which processes are alive. "
+            "After `%jax_cluster restart`, make the array again."
+        )
+    if e.why == "deleted":
+        return (
+            f"Process {owner} no longer holds its part of {what}: it was deleted there "
+            "(`.delete()`, or donated to a jitted function). Make the array again on every "
+            "process, then read it."
+        )
+    if e.why == "not made":
+        return (
+            f"Process {owner} did not make {what} within {shards.MAKE_TIMEOUT:.0f} s of being "
+            "asked for its part: the processes made different arrays (one made an array "
+            "inside an `if` that the others skipped), or it is still busy. Make global arrays "
+            "on every process, in the same order, then read them."
+        )
+    return f"Process {owner} could not send its part of {what}: {e.why}."
+
+
+def _unnamed(arr: Any) -> str:
+    owners = sorted({d.process_index for d in arr.sharding.device_set})
+    return (
+        f"{_described(arr).capitalize()} is held by {process_label(owners)}, and was made by a "
+        "computation on those devices alone, which the other processes do not number, so its "
+        f"numbers cannot be asked for here. Read it on {process_label(owners)}, or make it over "
+        "devices of several processes (`jax.device_put`, a jitted function)."
+    )
