@@ -4,10 +4,14 @@ machine with and without ``--ip 127.0.0.1``."""
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 import os
 import shutil
+import socket
 import stat
+import struct
 import time
 
 import psutil
@@ -219,3 +223,40 @@ def test_a_coordinator_named_by_hand_listens_on_every_interface():
     with stopped_at_the_end(c):
         bound = {a for a, p in _listening(c.processes[0].pid) if p == port}
         assert bound and all(a in ("::", "0.0.0.0") for a in bound), bound
+
+
+def test_shard_servers_answer_only_requests_signed_with_the_clusters_key(cluster):
+    """Each engine serves its shards of global arrays to the others' reads (issue 30), on
+    loopback here, and answers a request only when it is signed with the cluster's key."""
+    result = cluster.run(
+        "import jax, jax.numpy as jnp, numpy as np\n"
+        "from jax.sharding import Mesh, NamedSharding, PartitionSpec as P\n"
+        "from jaxcluster.engine import shards, values\n"
+        "x = jax.device_put(jnp.arange(4.), NamedSharding(Mesh(np.array(jax.devices()), 'd'), "
+        "P('d')))\n"
+        "print(*shards._state['address'], values.key_of(x), x.addressable_shards[0].device.id)"
+    ).check()
+    with open(cluster.ipp_cluster.controller.connection_files["client"]) as f:
+        key = json.load(f)["key"].encode()
+    for proc, printed in zip(cluster.processes, result.processes, strict=True):
+        host, port, array, device = printed.stdout.split()
+        assert host == "127.0.0.1" and (host, int(port)) in _listening(proc.pid)
+        # the shard at process 1's device: [2, 3]
+        request = json.dumps({"key": array, "boxes": [[int(device), [[2 * proc.process_index,
+                                                                       2 * proc.process_index
+                                                                       + 1]]]]}).encode()
+        assert _ask_shards((host, int(port)), b"not the cluster's key", request) == b""
+        answer = _ask_shards((host, int(port)), key, request)
+        assert answer.endswith(struct.pack("<f", 2.0 * proc.process_index))
+
+
+def _ask_shards(address: tuple[str, int], key: bytes, request: bytes) -> bytes:
+    """Everything a shard server sends for ``request`` signed with ``key``, until it hangs up."""
+    with socket.create_connection(address, timeout=10) as conn:
+        challenge = conn.recv(16)
+        signature = hmac.new(key, challenge + request, hashlib.sha256).digest()
+        conn.sendall(struct.pack("!I", len(request)) + request + signature)
+        answer = b""
+        while more := conn.recv(65536):
+            answer += more
+    return answer
