@@ -113,13 +113,18 @@ CELLS = [SETUP, MATMUL, READ_MATMUL, on_process_0(READ_MATMUL), SHARDED, READ_SH
          ONE_ELEMENT]
 
 
+def one_process_outputs(cells: list[str]) -> dict[str, str]:
+    """What each of ``cells``, run in order, prints in one process with 8 CPU devices."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("JAX", "XLA"))}
+    done = subprocess.run([sys.executable, "-c", ONE_PROCESS], input=json.dumps(cells),
+                          capture_output=True, text=True, env=env, timeout=300, check=True)
+    return dict(zip(cells, json.loads(done.stdout.splitlines()[-1]), strict=True))
+
+
 @pytest.fixture(scope="module")
 def expected() -> dict[str, str]:
     """What each cell prints in one process with 8 CPU devices."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("JAX", "XLA"))}
-    done = subprocess.run([sys.executable, "-c", ONE_PROCESS], input=json.dumps(CELLS),
-                          capture_output=True, text=True, env=env, timeout=300, check=True)
-    return dict(zip(CELLS, json.loads(done.stdout.splitlines()[-1]), strict=True))
+    return one_process_outputs(CELLS)
 
 
 @pytest.fixture(scope="module")
@@ -161,6 +166,22 @@ def test_one_element_is_read_alone(shell, expected):
     assert text.strip() == f"[process 0]\n{expected[ONE_ELEMENT].strip()}"
 
 
+def test_the_same_machines_shared_memory_path_reads_what_tcp_reads(shell, expected):
+    """Owners on the reader's machine write into its shared memory; over TCP, the general
+    way between hosts, every cell reads the same."""
+    text, _ = run_spmd(shell, "from jaxcluster.engine import shards\n"
+                              "print([shards.on_this_machine(p) for p in range(4)])")
+    assert text.strip() == "[processes 0-3]\n[True, True, True, True]"
+    run_spmd(shell, "shards._state['shared_memory'] = False")
+    try:
+        for cell in (READ_MATMUL, on_process_0(READ_STATE), MOVE):
+            text, _ = run_spmd(shell, cell)
+            label = "[process 0]" if cell.startswith("if") else "[processes 0-3]"
+            assert text.strip() == f"{label}\n{expected[cell].strip()}"
+    finally:
+        run_spmd(shell, "shards._state['shared_memory'] = True")
+
+
 def test_an_array_deleted_on_its_owner_is_said(shell):
     code = ("gone = jax.device_put(jnp.arange(8.), NamedSharding(mesh8, P(('x', 'y'))))\n"
             "if jax.process_index() == 3:\n    gone.delete()\n"
@@ -199,3 +220,4 @@ def per_process(text: str) -> dict[int, str]:
     lines = text.strip().splitlines()
     return {int(header.strip("[]").split()[1]): line
             for header, line in zip(lines[::2], lines[1::2], strict=True)}
+

@@ -306,7 +306,7 @@ def _serve_shards(address: str | None) -> None:
         from IPython import get_ipython
 
         key = get_ipython().kernel.session.key
-    shards.serve(address, key, state.process_id, state.client)
+    shards.serve(address, key, state.process_id, state.client, machine(host_facts()))
 
 
 def _address_towards(target: str) -> str:

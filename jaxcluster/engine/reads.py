@@ -18,6 +18,7 @@ array, as JAX keeps its own (``_npy_value``), and goes with it.
 from __future__ import annotations
 
 import functools
+import os
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -83,29 +84,38 @@ def install() -> bool:
 
 def read(arr: Any, box: Box | None = None) -> Any:
     """``arr``'s numbers in ``box`` (global ``[start, stop)`` per axis; all by default) as a
-    new NumPy array: this process's shards from memory, the others' from their owners."""
+    new NumPy array: this process's shards from memory, the others' from their owners (those
+    on this machine write into it through shared memory)."""
     import jax
     import numpy as np
 
     box = box or [(0, n) for n in arr.shape]
-    out = np.empty([stop - start for start, stop in box], arr.dtype)
-    if out.size == 0:
-        return out
+    shape = tuple(stop - start for start, stop in box)
+    if 0 in shape:
+        return np.empty(shape, arr.dtype)
     mine = {shard.device.id: shard for shard in arr.addressable_shards}
-    asks: dict[int, list[tuple[int, Box, Any]]] = {}
+    here: list[tuple[Any, Box]] = []
+    asks: dict[int, list[tuple[int, Box, Box]]] = {}
     for holder, overlap, bounds in _pieces(arr, box, jax.process_index()):
-        # with ``...`` the index is a view, also of a 0-d array
-        where: tuple[Any, ...] = tuple(slice(a - lo, b - lo)
-                                       for (a, b), (lo, _) in zip(overlap, box, strict=True))
-        dest = out[(*where, ...)]
+        at = [(a - lo, b - lo) for (a, b), (lo, _) in zip(overlap, box, strict=True)]
         if holder.id in mine:
             within = tuple(slice(a - s, b - s) for (a, b), (s, _) in zip(overlap, bounds,
                                                                          strict=True))
-            dest[...] = values.read_local(mine[holder.id].data, within)
+            here.append((values.read_local(mine[holder.id].data, within), at))
         else:
-            asks.setdefault(holder.process_index, []).append((holder.id, overlap, dest))
-    if asks:
-        _fetch_all(arr, asks)
+            asks.setdefault(holder.process_index, []).append((holder.id, overlap, at))
+    made = None
+    if any(shards.on_this_machine(owner) for owner in asks):
+        made = shards.shared_array(shape, arr.dtype)
+    out, shared = made if made is not None else (np.empty(shape, arr.dtype), None)
+    try:
+        for numbers, place in here:
+            out[shards.view_index(place)] = numbers
+        if asks:
+            _fetch_all(arr, asks, out, shared)
+    finally:
+        if shared is not None:
+            os.unlink(shared)  # the mapping stays with the array
     return out
 
 
@@ -130,8 +140,10 @@ def _pieces(arr: Any, box: Box, reader: int) -> list[tuple[Any, Box, Box]]:
     return pieces
 
 
-def _fetch_all(arr: Any, asks: dict[int, list[tuple[int, Box, Any]]]) -> None:
-    """Every owner at once, each on a thread of its own but the last."""
+def _fetch_all(arr: Any, asks: dict[int, list[tuple[int, Box, Box]]], out: Any,
+               shared: str | None) -> None:
+    """Every owner at once, each on a thread of its own but the last; those on this machine
+    write into ``shared``, ``out``'s shared memory."""
     key = values.key_of(arr)
     if key is None:
         raise RuntimeError(_unnamed(arr)) from None
@@ -139,7 +151,8 @@ def _fetch_all(arr: Any, asks: dict[int, list[tuple[int, Box, Any]]]) -> None:
 
     def ask(owner: int) -> None:
         try:
-            shards.fetch(owner, key, asks[owner])
+            into = shared if shared is not None and shards.on_this_machine(owner) else None
+            shards.fetch(owner, key, asks[owner], out, into)
         except shards.OwnerError as e:
             failures[owner] = e
 

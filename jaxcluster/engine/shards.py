@@ -22,10 +22,12 @@ import contextlib
 import hashlib
 import hmac
 import json
+import mmap
 import os
 import socket
 import struct
 import threading
+import uuid
 from typing import Any
 
 from . import values
@@ -37,7 +39,14 @@ MAKE_TIMEOUT = 120.0  # how long an owner behind the reader may take to make the
 ADDRESS_KEY = "jaxcluster/shards/{}"
 _HEADER = struct.Struct("!I")
 
-_state: dict[str, Any] = {"key": b"", "address": None, "addresses": {}}
+SHARED_DIR = "/dev/shm"
+PREFIX = "jaxcluster-read-"
+Box = list[tuple[int, int]]
+
+# shared_memory: owners on this machine write into the reader's memory (the fast path; TCP is
+# the general one, which tests compare it with)
+_state: dict[str, Any] = {"key": b"", "address": None, "addresses": {}, "machine": None,
+                          "shared_memory": True}
 
 
 class OwnerError(RuntimeError):
@@ -48,9 +57,11 @@ class OwnerError(RuntimeError):
         self.why, self.lost = why, lost
 
 
-def serve(address: str, key: bytes, process_index: int, kv_client: Any) -> tuple[str, int] | None:
-    """Serve this process's shards on ``address`` and publish where; None without a key (an
-    unsigned server would let anyone on the network read the arrays)."""
+def serve(address: str, key: bytes, process_index: int, kv_client: Any,
+          machine: str | None) -> tuple[str, int] | None:
+    """Serve this process's shards on ``address`` and publish where, with the ``machine`` it
+    runs on (``process.machine``); None without a key (an unsigned server would let anyone on
+    the network read the arrays)."""
     served: tuple[str, int] | None = _state["address"]
     if served is not None:
         return served
@@ -58,10 +69,11 @@ def serve(address: str, key: bytes, process_index: int, kv_client: Any) -> tuple
         return None
     listener = socket.create_server((address, 0))
     served = (address, listener.getsockname()[1])
-    _state.update(key=key, address=served)
+    _state.update(key=key, address=served, machine=machine)
     threading.Thread(target=_accept, args=(listener,), name="jaxcluster-shards",
                      daemon=True).start()
-    kv_client.key_value_set(ADDRESS_KEY.format(process_index), f"{served[0]}:{served[1]}",
+    kv_client.key_value_set(ADDRESS_KEY.format(process_index),
+                            json.dumps({"address": served, "machine": machine}),
                             allow_overwrite=True)
     return served
 
@@ -76,6 +88,8 @@ def _accept(listener: socket.socket) -> None:
 
 
 def _serve(conn: socket.socket) -> None:
+    import numpy as np
+
     with conn, contextlib.suppress(OSError):
         conn.settimeout(STALL_TIMEOUT)
         challenge = os.urandom(CHALLENGE_BYTES)
@@ -87,23 +101,28 @@ def _serve(conn: socket.socket) -> None:
         signature = _recv_exactly(conn, hashlib.sha256().digest_size)
         if not hmac.compare_digest(signature, _sign(challenge + body)):
             return  # not the cluster's: hang up without a word
+        request = json.loads(body)
+        buffers: list[Any] = []
         try:
-            buffers = _boxes(json.loads(body))
-            header: dict[str, Any] = {"sizes": [b.nbytes for b in buffers]}
+            found = _boxes(request)
+            if "into" in request:  # a reader on this machine: straight into its memory
+                _write_into(request["into"], found)
+                header: dict[str, Any] = {"written": len(found)}
+            else:
+                buffers = [_bytes_of(np.ascontiguousarray(box)) for box in found]
+                header = {"sizes": [b.nbytes for b in buffers]}
         except Exception as e:
-            buffers, header = [], {"error": str(e) or type(e).__name__}
+            header = {"error": str(e) or type(e).__name__}
         encoded = json.dumps(header).encode()
         conn.sendall(_HEADER.pack(len(encoded)) + encoded)
         for buffer in buffers:
             conn.sendall(buffer)
-        if buffers:
-            values.served(json.loads(body)["key"])
+        if "error" not in header:
+            values.served(request["key"])
 
 
 def _boxes(request: dict[str, Any]) -> list[Any]:
-    """The bytes of each requested box, from this process's shards of the named array."""
-    import numpy as np
-
+    """Each requested box, as NumPy, from this process's shards of the named array."""
     arr = values.made(request["key"], MAKE_TIMEOUT)
     if arr.is_deleted():
         raise LookupError("deleted")
@@ -113,14 +132,33 @@ def _boxes(request: dict[str, Any]) -> list[Any]:
         shard = shards[device_id]
         starts = [index.indices(n)[0] for index, n in zip(shard.index, arr.shape, strict=True)]
         local = tuple(slice(a - s, b - s) for (a, b), s in zip(box, starts, strict=True))
-        found.append(_bytes_of(np.ascontiguousarray(values.read_local(shard.data, local))))
+        found.append(values.read_local(shard.data, local))
     return found
 
 
-def fetch(owner: int, key: str, boxes: list[tuple[int, list[tuple[int, int]], Any]]) -> None:
-    """Read ``boxes`` (device id, global box, NumPy destination of the box's shape) of array
-    ``key`` from process ``owner`` into their destinations; raises ``OwnerError``."""
-    body = json.dumps({"key": key, "boxes": [[d, box] for d, box, _ in boxes]}).encode()
+def _write_into(into: dict[str, Any], found: list[Any]) -> None:
+    """Copy the boxes into a reader's shared-memory array, where it says (``shared_array``)."""
+    import numpy as np
+
+    path = into["path"]
+    if os.path.dirname(path) != SHARED_DIR or not os.path.basename(path).startswith(PREFIX):
+        raise PermissionError("not a reader's shared memory")
+    with open(path, "r+b") as f, mmap.mmap(f.fileno(), 0) as mapping:
+        target = np.ndarray(into["shape"], found[0].dtype, buffer=mapping)  # the array's
+        for box, at in zip(found, into["at"], strict=True):
+            target[view_index(at)] = box
+        del target  # the mapping closes only once nothing points into it
+
+
+def fetch(owner: int, key: str, boxes: list[tuple[int, Box, Box]], out: Any,
+          shared: str | None = None) -> None:
+    """Read ``boxes`` (device id, global box, where in ``out``) of array ``key`` from process
+    ``owner`` into ``out``; with ``shared``, the path of ``out``'s shared memory, the owner
+    (on this machine) writes them there itself. Raises ``OwnerError``."""
+    request: dict[str, Any] = {"key": key, "boxes": [[d, box] for d, box, _ in boxes]}
+    if shared is not None:
+        request["into"] = {"path": shared, "shape": out.shape, "at": [at for _, _, at in boxes]}
+    body = json.dumps(request).encode()
     try:
         with socket.create_connection(_address_of(owner), timeout=CONNECT_TIMEOUT) as conn:
             conn.settimeout(STALL_TIMEOUT)
@@ -132,7 +170,10 @@ def fetch(owner: int, key: str, boxes: list[tuple[int, list[tuple[int, int]], An
             header = json.loads(_recv_exactly(conn, size))
             if "error" in header:
                 raise OwnerError(header["error"], lost=False)
-            for (_, _, dest), nbytes in zip(boxes, header["sizes"], strict=True):
+            if shared is not None:
+                return
+            for (_, _, at), nbytes in zip(boxes, header["sizes"], strict=True):
+                dest = out[view_index(at)]
                 if dest.nbytes != nbytes:
                     raise OwnerError("its shard is not the shape asked for", lost=False)
                 if dest.flags.c_contiguous:
@@ -149,6 +190,11 @@ def fetch(owner: int, key: str, boxes: list[tuple[int, list[tuple[int, int]], An
 
 
 def _address_of(owner: int) -> tuple[str, int]:
+    return _published(owner)["address"]
+
+
+def _published(owner: int) -> dict[str, Any]:
+    """What ``owner`` published: its server's address and its machine."""
     cached = _state["addresses"].get(owner)
     if cached is None:
         from jax._src import distributed
@@ -156,11 +202,47 @@ def _address_of(owner: int) -> tuple[str, int]:
         client = distributed.global_state.client
         if client is None:
             raise ConnectionError("jax.distributed is not initialized here")
-        text = client.blocking_key_value_get(ADDRESS_KEY.format(owner),
-                                             int(CONNECT_TIMEOUT * 1000))
-        host, port = text.rsplit(":", 1)
-        cached = _state["addresses"][owner] = (host, int(port))
+        cached = json.loads(client.blocking_key_value_get(ADDRESS_KEY.format(owner),
+                                                          int(CONNECT_TIMEOUT * 1000)))
+        cached["address"] = tuple(cached["address"])
+        _state["addresses"][owner] = cached
     return cached
+
+
+def on_this_machine(owner: int) -> bool:
+    """Whether ``owner`` shares this process's machine (its /dev/shm): it then writes a read's
+    boxes straight into the reader's shared memory (``shared_array``), not over TCP."""
+    if not _state["shared_memory"] or _state["machine"] is None:
+        return False
+    try:
+        return bool(_published(owner)["machine"] == _state["machine"])
+    except (OSError, RuntimeError, ValueError, KeyError):
+        return False  # then TCP says what is wrong
+
+
+def shared_array(shape: tuple[int, ...], dtype: Any) -> tuple[Any, str] | None:
+    """A new NumPy array in a /dev/shm file that owners on this machine write into, and the
+    file's path, to remove once they have; None where /dev/shm has no room."""
+    import numpy as np
+
+    size = int(np.prod(shape)) * np.dtype(dtype).itemsize
+    path = os.path.join(SHARED_DIR, f"{PREFIX}{uuid.uuid4().hex}")
+    try:
+        room = os.statvfs(SHARED_DIR)
+        if room.f_bavail * room.f_frsize < size:
+            return None
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+    except OSError:
+        return None
+    try:
+        os.ftruncate(fd, size)
+        mapping = mmap.mmap(fd, size)
+    except OSError:
+        os.unlink(path)
+        return None
+    finally:
+        os.close(fd)
+    return np.ndarray(shape, dtype, buffer=mapping), path  # the array keeps the mapping
 
 
 def _unreachable(e: Exception) -> str:
@@ -171,6 +253,11 @@ def _unreachable(e: Exception) -> str:
     if isinstance(e, EOFError | ConnectionResetError | BrokenPipeError):
         return "it hung up in the middle of the read"
     return f"{type(e).__name__}: {e}"
+
+
+def view_index(box: Box) -> tuple[Any, ...]:
+    """The index of ``box`` in a NumPy array; with ``...`` it gives a view, also of a 0-d one."""
+    return (*(slice(a, b) for a, b in box), ...)
 
 
 def _bytes_of(contiguous: Any) -> Any:
