@@ -103,14 +103,22 @@ print(json.dumps(shown))
 """
 
 ONE_ELEMENT = """
-big = jax.device_put(jnp.arange(1024 * 1024.).reshape(1024, 1024), NamedSharding(mesh8, P('x', 'y')))
+big = jax.device_put(jnp.arange(1024 * 1024.).reshape(1024, 1024),
+                     NamedSharding(mesh8, P('x', 'y')))
 if jax.process_index() == 0:
     print(big[1000, 1000], big[-1].shape, float(big[5][7]), big[3, 1:9:3])
 """
 
+# temporaries read where they are made: each owner may drop its part as soon as the line ends
+TEMPORARIES = """
+for step in range(5):
+    print(jnp.sin(y)[:2, :3], float(jnp.cos(y)[7, 3]), float(c.sum() + step), (c * 2)[0],
+          np.asarray(z + step)[-1, -1], [float(v) for v in (c[:, 0] + step)][:3])
+"""
+
 CELLS = [SETUP, MATMUL, READ_MATMUL, on_process_0(READ_MATMUL), SHARDED, READ_SHARDED,
          on_process_0(READ_SHARDED), STATE, READ_STATE, on_process_0(READ_STATE), MOVE,
-         ONE_ELEMENT]
+         ONE_ELEMENT, TEMPORARIES]
 
 
 def one_process_outputs(cells: list[str]) -> dict[str, str]:
@@ -149,6 +157,11 @@ def test_process_0_alone_reads_what_one_process_would(shell, expected, cell):
     alone = on_process_0(cell)
     text, _ = run_spmd(shell, alone)
     assert text.strip() == f"[process 0]\n{expected[alone].strip()}"
+
+
+def test_temporaries_are_read_before_their_owners_drop_them(shell, expected):
+    text, _ = run_spmd(shell, TEMPORARIES)
+    assert text.strip() == f"[processes 0-3]\n{expected[TEMPORARIES].strip()}"
 
 
 def test_arrays_move_between_device_sets_both_ways(shell, expected):

@@ -28,6 +28,7 @@ from . import shards, values
 
 Box = list[tuple[int, int]]
 Bounds = tuple[tuple[int, int], ...]  # a box as a dictionary key
+_readers: dict[tuple[str, Bounds, int], int] = {}  # (layout, box, owner) -> processes reading
 
 
 def install() -> bool:
@@ -45,6 +46,7 @@ def install() -> bool:
 
     def patched_value(self: Any) -> Any:
         __tracebackhide__ = True  # IPython leaves these frames out of the user's tracebacks
+        keep_for_readers(self)
         try:
             return value_getter(self)
         except RuntimeError as e:
@@ -57,6 +59,7 @@ def install() -> bool:
 
     def patched_iter(self: Any) -> Any:
         __tracebackhide__ = True
+        keep_for_readers(self)
         if self.ndim and values.held_elsewhere(self):
             whole = self._value
             return (api.device_put(whole[i]) for i in range(self.shape[0]))
@@ -64,9 +67,10 @@ def install() -> bool:
 
     def patched_getitem(self: Any, idx: Any, /) -> Any:
         __tracebackhide__ = True
-        if values.held_elsewhere(self):
-            found = basic_box(idx, self.shape)
-            if found is not None:
+        found = basic_box(idx, self.shape)
+        if found is not None:
+            keep_for_readers(self, found[0])
+            if values.held_elsewhere(self):
                 jax.eval_shape(lambda a: a[idx], self)  # JAX's own errors, as it would raise
                 box, within = found
                 whole = self._npy_value  # read already
@@ -117,6 +121,30 @@ def read(arr: Any, box: Box | None = None) -> Any:
         if shared is not None:
             os.unlink(shared)  # the mapping stays with the array
     return out
+
+
+def keep_for_readers(arr: Any, box: Box | None = None) -> None:
+    """Keep ``arr`` here until the processes that read ``box`` of it from this one at this line
+    of the cell have read it: each runs the same line, and this one may drop the array as soon
+    as the line ends (``float(jnp.sin(a)[7])``). Only numbered arrays, whose numbers some
+    process lacks, are kept; the next cell lets go of what was not read."""
+    import jax
+
+    key = values.key_of(arr)
+    if key is None:
+        return
+    box = box or [(0, n) for n in arr.shape]
+    me = jax.process_index()
+    plan = (key.split(".", 1)[0], tuple(box), me)  # the layout, the box and this process
+    reads = _readers.get(plan)
+    if reads is None:
+        if len(_readers) > 4096:
+            _readers.clear()
+        reads = _readers[plan] = sum(
+            1 for reader in range(jax.process_count()) if reader != me
+            and any(h.process_index == me for h, _, _ in _pieces(arr, box, reader)))
+    if reads:
+        values.pin(key, arr, reads)
 
 
 def _pieces(arr: Any, box: Box, reader: int) -> list[tuple[Any, Box, Box]]:
@@ -297,8 +325,9 @@ def _owner_failed(arr: Any, owner: int, e: shards.OwnerError) -> str:
     if e.why == "deleted":
         return (
             f"Process {owner} no longer holds its part of {what}: it was deleted there "
-            "(`.delete()`, or donated to a jitted function). Make the array again on every "
-            "process, then read it."
+            "(`.delete()`, donated to a jitted function), or replaced before this process "
+            "asked (a loop the owners ran ahead in). Read it where every process runs, or in "
+            "the next cell; make a deleted array again on every process."
         )
     if e.why == "not made":
         return (

@@ -183,14 +183,20 @@ def made(key: str, timeout: float) -> Any:
 
 
 def pin(key: str, arr: Any, reads: int) -> None:
-    """Keep ``arr`` until ``reads`` reads of it were served (``served``), or the next cell:
-    the source of a move between device sets, which the other processes read from this one
-    after this one may have dropped it."""
+    """Keep ``arr`` until ``reads`` more reads of it were served (``served``), or the next
+    cell: an array the other processes read from this one at the same line of the cell, which
+    this one may drop at once (a temporary: ``float(jnp.sin(a)[7])``), or the source of a
+    move between device sets."""
     with _changed:
-        left = reads - _served.pop(key, 0)
+        held = _pinned.get(key, [arr, 0])
+        left = held[1] + reads - _served.pop(key, 0)
         if left > 0:
             _pinned[key] = [arr, left]
             _changed.notify_all()
+        else:
+            _pinned.pop(key, None)
+            if left < 0:
+                _served[key] = -left  # served ahead of a pin yet to come
 
 
 def served(key: str) -> None:
