@@ -13,7 +13,10 @@ with HMAC-SHA256 under the cluster's key (ipyparallel's, which every engine hold
 challenge and the request, so only the cluster's processes read. It names an array by the key
 every process gives it (``values.py``) and boxes (global ``[start, stop)`` per axis) of shards on
 named devices; the answer is a JSON header, then each box's bytes in C order, then the server
-hangs up. Nothing is pinned: an array is looked up when asked for, and held only while answering.
+hangs up. An owner on the reader's machine (as their published host facts show) writes the
+boxes straight into the reader's array in ``/dev/shm`` instead: one copy, no socket buffers.
+An array is looked up when asked for and held only while answering, unless this process
+expects readers of it (``values.pin``).
 """
 
 from __future__ import annotations
