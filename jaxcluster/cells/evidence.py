@@ -27,12 +27,14 @@ CELL_FILE = re.compile(r"/ipykernel_\d+/\d+\.py$")
 class Where:
     stack: str  # the user's frames, ``File "<cell>", line 3 in <module>``, innermost last
     record: dict | None  # the dispatch record (``engine/dispatch.py``); None: none kept there
+    asking: str = ""  # the prompt it waits on an answer to (``engine/stdin.py``)
 
 
 def where(channel: BackChannel, processes: list[int], wait: float = WAIT) -> dict[int, Where]:
     """Where each of ``processes`` is; absent: no answer within ``wait``."""
     answers, _ = channel.call(processes, "where", timeout=wait)
-    return {p: Where(user_stack(a["stack"]), a["dispatch"]) for p, a in answers.items()}
+    return {p: Where(user_stack(a["stack"]), a["dispatch"], a.get("asking") or "")
+            for p, a in answers.items()}
 
 
 def dispatch_counts(

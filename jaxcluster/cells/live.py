@@ -16,6 +16,7 @@ from difflib import SequenceMatcher
 from typing import Any
 
 from ..render.labels import bundle_key
+from .asks import Reads
 
 CR = re.compile(r".*\r(?=[^\n])")  # a \r that is followed by more text rewrites its line
 OUTPUT_MESSAGES = frozenset({"stream", "display_data", "update_display_data", "clear_output"})
@@ -78,9 +79,12 @@ class Relay:
         self._pending: list[tuple[int, str, dict]] = []
         self._lock = threading.Lock()
         self.version = 0  # changes whenever a log does
+        self.reads = Reads()  # the processes' reads of stdin, to ask the front end
 
     def receive(self, index: int, kind: str, content: dict) -> None:
         """Called on ipyparallel's IO thread for every iopub message of process ``index``."""
+        if self.reads.receive(index, kind, content):
+            return
         if kind in OUTPUT_MESSAGES:
             with self._lock:
                 self._pending.append((index, kind, content))

@@ -24,7 +24,7 @@ from typing import Any
 from ..contracts import ClusterHandle
 from ..errors import UNKNOWN_ERROR, SPMDError, remote_error
 from ..render.labels import process_label
-from . import evidence, global_values, hang, requests
+from . import asks, evidence, global_values, hang, requests
 from .live import Relay
 
 DEFAULT_HANG_AFTER = 10.0
@@ -52,6 +52,7 @@ class ProcessOutput:
     reason: str = ""  # why it died / is stuck
     stack: str = ""  # the Python stack of a stuck process
     where: str = ""  # where a running process was last seen: "cell line 3"
+    asking: str = ""  # the prompt of the input (or debugger) it waits on an answer to
 
 
 @dataclass
@@ -109,13 +110,15 @@ def run(
     recover: bool = True,
     on_restart: Callable[[], Any] | None = None,
     cell_number: int | None = None,
+    on_input: asks.Ask | None = None,
 ) -> SPMDResult:
     """Run ``code`` on every process of ``cluster`` in lockstep and gather what each produced.
 
     ``on_update`` is called from this thread with the partial result while the cell runs.
     ``on_restart`` runs the recovery (default ``cluster.restart()``, which replays the setup
     cells) when a process died or could not be stopped. ``cell_number``: the notebook's
-    execution count, which the processes' tracebacks and warnings then name.
+    execution count, which the processes' tracebacks and warnings then name. ``on_input``
+    answers the processes' reads of stdin (default: this process's own ``input``).
     """
     label = CELL_LABEL.format(cell_number) if cell_number is not None else None
     result = SPMDResult([ProcessOutput(p.process_index) for p in cluster.processes])
@@ -123,7 +126,7 @@ def run(
     began = time.monotonic()
     cell = requests.submit(cluster, code, label, result.live)
     result.timeout = timeout
-    watcher = _Watcher(cluster, cell, result, began, timeout, hang_after)
+    watcher = _Watcher(cluster, cell, result, began, timeout, hang_after, on_input)
     try:
         watcher.watch(on_update)
     except KeyboardInterrupt:
@@ -167,8 +170,10 @@ class _Watcher:
         began: float,
         timeout: float | None,
         hang_after: float,
+        on_input: asks.Ask | None = None,
     ) -> None:
         self.cluster = cluster
+        self.on_input = on_input
         self.cell = cell
         self.result = result
         self.began = began
@@ -191,6 +196,8 @@ class _Watcher:
         while True:
             now = time.monotonic()
             self._collect(self.cell.metadata())
+            if self._answer_reads(on_update):
+                continue  # the answers took the user's time: look at everything again
             if on_update is not None and now - last_update >= UPDATE_EVERY:
                 last_update = now
                 on_update(self.result)
@@ -210,6 +217,21 @@ class _Watcher:
             _, pending = concurrent.futures.wait(
                 pending, timeout=wait, return_when=concurrent.futures.FIRST_COMPLETED
             )
+
+    def _answer_reads(self, on_update: Update | None) -> bool:
+        """Ask the front end for the processes' reads of stdin, if some wait; True if so."""
+        reads = self.result.live.reads  # type: ignore[union-attr]
+        waiting = reads.waiting()
+        if not waiting:
+            return False
+        for index, prompt in waiting.items():
+            self.result.processes[index].asking = prompt
+        if on_update is not None:
+            on_update(self.result)  # the status line says who waits, before the prompt
+        reads.answer(self.cluster.backchannel, self.on_input)
+        for index in waiting:
+            self.result.processes[index].asking = ""
+        return True
 
     def _next_due(self, next_health: float, last_update: float, on_update: Update | None) -> float:
         due = [next_health]
@@ -362,6 +384,9 @@ class _Watcher:
         records = {i: w.record for i, w in found.items()}
         for index in running:
             self.result.processes[index].where = hang.where(stacks.get(index))
+            self.result.processes[index].asking = found[index].asking if index in found else ""
+        # a process that waits for an answer (input, a debugger) is not hung, whatever it holds
+        running = [i for i in running if not self.result.processes[i].asking]
         if not judge:
             return {}
         ended = {p.process_index: _how_ended(p) for p in self.result.processes

@@ -4,7 +4,8 @@ every host, answered while the main thread may be busy in a cell.
 ipyparallel routes control messages by an engine's registration, also to engines that are
 busy, and ipykernel serves them on a thread of its own. A process blocked inside XLA (a
 collective, a transfer) has released the GIL, so that thread can look at the main thread's
-Python stack (``sys._current_frames``) and at the dispatch record, and signal the process.
+Python stack (``sys._current_frames``) and at the dispatch record, signal the process, and
+answer a read of stdin that waits for the notebook (``stdin.py``).
 
 A request (message type ``jaxcluster_request``) names one call, as JSON, never a pickle; like
 every ipyparallel message it is signed with the cluster's key, and it is answered without the
@@ -26,7 +27,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-from . import dispatch, inbox
+from . import dispatch, inbox, stdin
 
 REQUEST = "jaxcluster_request"
 REPLY = "jaxcluster_reply"
@@ -83,13 +84,14 @@ def answer(content: dict[str, Any]) -> dict[str, Any]:
 
 def where() -> dict[str, Any]:
     """Where the main thread is (its frames as ``[file, line, function]``, outermost first),
-    and the multi-process program it dispatched last (``dispatch.latest``)."""
+    the multi-process program it dispatched last (``dispatch.latest``), and the prompt it waits
+    on an answer to (``stdin.asking``)."""
     frame = sys._current_frames().get(threading.main_thread().ident or 0)
     stack = []
     if frame is not None:  # walk_stack(None) would walk this thread
         frames = traceback.StackSummary.extract(traceback.walk_stack(frame), lookup_lines=False)
         stack = [[f.filename, f.lineno, f.name] for f in reversed(frames)]
-    return {"stack": stack, "dispatch": dispatch.latest()}
+    return {"stack": stack, "dispatch": dispatch.latest(), "asking": stdin.asking()}
 
 
 def send_signal(signum: int) -> None:
@@ -98,4 +100,4 @@ def send_signal(signum: int) -> None:
 
 
 CALLS: dict[str, Callable[..., Any]] = {
-    "where": where, "counts": dispatch.counts, "signal": send_signal}
+    "where": where, "counts": dispatch.counts, "signal": send_signal, "answer": stdin.answer}

@@ -76,9 +76,12 @@ def run_cell(code: str, parent: dict[str, Any]) -> bool | asyncio.Future[bool]:
     """
     from IPython import get_ipython
 
+    from . import stdin
+
     shell = get_ipython()
     kernel = shell.kernel
     kernel.set_parent([], parent, "shell")
+    stdin.take_over(parent)
     kernel.pre_handler_hook()  # SIGINT interrupts the cell, as during a request
     try:
         transformed, failed = shell.transform_cell(code), None
@@ -87,7 +90,7 @@ def run_cell(code: str, parent: dict[str, Any]) -> bool | asyncio.Future[bool]:
     if shell.should_run_async(code, transformed_cell=transformed, preprocessing_exc_tuple=failed):
         return _awaiting(shell, code, transformed, lambda: _end(kernel, parent))
     try:
-        return bool(shell.run_cell(code, store_history=True, silent=False).success)
+        return _said(shell, shell.run_cell(code, store_history=True, silent=False))
     finally:
         _end(kernel, parent)
 
@@ -103,6 +106,8 @@ def _awaiting(shell: Any, code: str, transformed: str, end: Any) -> asyncio.Futu
 
     def finish(_: object) -> None:
         result = None if task.cancelled() or task.exception() else task.result()
+        if result is not None:
+            _said(shell, result)
         try:  # what IPython's run_cell does once its runner is done
             shell.events.trigger("post_execute")
             shell.events.trigger("post_run_cell", result)
@@ -112,6 +117,16 @@ def _awaiting(shell: Any, code: str, transformed: str, end: Any) -> asyncio.Futu
 
     task.add_done_callback(finish)
     return answer
+
+
+def _said(shell: Any, result: Any) -> bool:
+    """Whether the cell ran without error; a debugger's ``q`` (``BdbQuit``), which IPython ends
+    the cell with in silence, is shown as the error it is, so that the notebook sees why."""
+    import bdb
+
+    if isinstance(result.error_in_exec, bdb.BdbQuit):
+        shell.showtraceback((bdb.BdbQuit, result.error_in_exec, None), exception_only=True)
+    return bool(result.success)
 
 
 def _end(kernel: Any, parent: dict[str, Any]) -> None:

@@ -271,9 +271,10 @@ def _install_hooks(inbox_dir: str | None = None, address: str | None = None) -> 
     """gloo's chatter kept off fds 1 and 2, the sharding display, the notebook's cell numbers,
     global arrays' values in printouts and their numbers read from the owners (served on
     ``address``), the dispatch record that tells a hang from slow work, the back channel that
-    reports it, the inbox of a notebook on this host (in ``inbox_dir``; its path is returned),
-    and forgetting what a push replaced once the next cell runs."""
-    from . import backchannel, cells, chatter, data, dispatch, inbox, reads, values
+    reports it, stdin asked of the notebook, the inbox of a notebook on this host (in
+    ``inbox_dir``; its path is returned), and forgetting what a push replaced once the next
+    cell runs."""
+    from . import backchannel, cells, chatter, data, dispatch, inbox, reads, stdin, values
     from .sharding import install as install_sharding_display
 
     chatter.install()
@@ -284,6 +285,7 @@ def _install_hooks(inbox_dir: str | None = None, address: str | None = None) -> 
     _serve_shards(address)
     dispatch.install()
     backchannel.install()
+    stdin.install()
     data.install()
     _absorb_scripts_initialize()
     return inbox.open_inbox(inbox_dir) if inbox_dir else None

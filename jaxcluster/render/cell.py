@@ -51,14 +51,21 @@ def error_groups(
     )
 
 
+DEBUGGER_PROMPTS = ("(Pdb)", "ipdb>", "(jdb)")  # pdb's, IPython's and jax.debug.breakpoint's
+
+
 def status_text(processes: Sequence[Any], elapsed: float) -> str:
     """``running: processes 1-3 · done: process 0 · 4.2 s``; once some have ended, each process
     still running says where it is: ``done: processes 1-3 · process 0 · running 14 s · cell
-    line 3``."""
+    line 3``; one that waits for an answer says so (``process 1 · in the debugger``)."""
     by_state: dict[str, list[int]] = {}
     located = []
     for p in processes:
-        if p.state == "running" and p.where:
+        if p.state == "running" and getattr(p, "asking", ""):
+            waits = "in the debugger" if p.asking.strip().startswith(DEBUGGER_PROMPTS) else (
+                "waiting for input")
+            located.append(f"{process_label([p.process_index])} · {waits}")
+        elif p.state == "running" and p.where:
             located.append(f"{process_label([p.process_index])} · running {elapsed:.0f} s · "
                            f"{p.where}")
         else:
