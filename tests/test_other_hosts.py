@@ -4,7 +4,8 @@
 processes × 2 CPU devices, started over ssh from a real ipykernel, as a notebook would: hangs
 and collectives out of step are diagnosed with the stuck processes' stacks and recovered from,
 imbalance is left to finish, ``await`` answers, the stop button keeps state and reaches nothing
-but the processes, and a process that dies on another host is reported within 5 s.
+but the processes, input() and the debugger on another host are answered from the notebook
+(issue 31), and a process that dies on another host is reported within 5 s.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import pytest
 
 from tests.conftest import cluster_processes, hosts_or_skip, python_kernel
 from tests.netns_hosts import NamespaceHosts
+from tests.test_stdin import run as run_with_stdin
 
 pytestmark = pytest.mark.cluster
 
@@ -245,6 +247,17 @@ def test_a_value_pushed_to_every_process_crosses_to_each_host_once(kernel, hosts
     assert all(0.9 < c < 1.3 for c in copies.values()), copies  # one per process: 2
     assert run(kc, "%%spmd\nprint(float(weights.sum()), weights.flags.writeable)").text.strip() \
         == f"[processes 0-3]\n{float(np.arange(size // 4, dtype=np.float32).sum())} True"
+
+
+def test_input_and_the_debugger_on_another_host_are_answered_from_the_notebook(kernel):
+    _, kc = kernel
+    cell = run_with_stdin(kc, "%%spmd\nkept = 5\nif jax.process_index() == 3:\n"
+                              "    name = input('name? ')\n    breakpoint()\nprint('past', kept)",
+                          ("far", "p kept * 2", "p name", "c"))
+    assert cell.reply["status"] == "ok", cell.text
+    assert [p for _, p in cell.prompts] == ["[process 3] name? ", *["[process 3] (Pdb) "] * 3]
+    assert "10\n'far'" in cell.text
+    assert cell.text.rstrip().endswith("[processes 0-3]\npast 5")
 
 
 def test_a_process_that_dies_on_another_host_is_reported_within_5_s(kernel, hosts):
