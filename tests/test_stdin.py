@@ -33,9 +33,10 @@ class Cell:
 
 
 def run(kc, code: str, answers: tuple[str, ...] = (), stdin: bool = True,
-        interrupt: object = None) -> Cell:
+        interrupt: object = None, think: float = 0.0) -> Cell:
     """Run ``code`` as a notebook cell, answering the kernel's input requests with ``answers``
-    in turn; with ``interrupt`` (a kernel manager), press stop once they are used up."""
+    in turn, each after ``think`` seconds; with ``interrupt`` (a kernel manager), press stop
+    once they are used up."""
     left = list(answers)
     cell = Cell({})
 
@@ -50,6 +51,7 @@ def run(kc, code: str, answers: tuple[str, ...] = (), stdin: bool = True,
 
     def asked(msg: dict) -> None:
         cell.prompts.append((time.time(), msg["content"]["prompt"]))
+        time.sleep(think)
         if left:
             kc.input(left.pop(0))
         else:
@@ -107,6 +109,19 @@ def test_jax_debug_breakpoint_inside_jit_on_process_0_stops_and_continues(kernel
     assert [p for _, p in cell.prompts] == ["[process 0] (jdb) "] * 2
     assert "Array([0., 2., 4.], dtype=float32)" in cell.text
     assert cell.text.rstrip().endswith("[1. 3. 5.]")
+
+
+def test_a_process_in_the_debugger_is_not_hung_nor_those_waiting_for_it(kernel):
+    _, kc, _ = kernel
+    # the user takes 3 s at the prompt, three times the hang rule's wait, while process 0
+    # waits in a collective for process 1
+    cell = run(kc, "%%spmd --hang-after 1\nfrom jax.experimental import multihost_utils\n"
+                   "if jax.process_index() == 1:\n    breakpoint()\n"
+                   "print(multihost_utils.process_allgather(jnp.ones(1)).sum())",
+               ("c",), think=3.0)
+    assert cell.reply["status"] == "ok", cell.text
+    assert "running: process 0 · process 1 · in the debugger" in cell.text
+    assert cell.text.rstrip().endswith("[processes 0-1]\n2.0")
 
 
 def test_processes_asking_at_once_are_asked_in_process_order(kernel):
