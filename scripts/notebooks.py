@@ -5,11 +5,17 @@
 
 Both run the notebooks' own kernel (Python 3, this environment's) with IPP_NONINTERACTIVE=1, as
 ``make test`` does; cells tagged ``raises-exception`` may fail, any other failure stops the run.
+Cells run without stdin, as under nbval, except a cell whose metadata lists ``stdin`` answers: it
+is answered with them, in order, as a reader would type them into JupyterLab's input box, and
+JupyterLab's record of each (prompt and answer) is saved with its outputs. Such a cell stops for
+input (a ``breakpoint()`` on one process), so it carries the ``nbval-skip`` tag: nbval has no one
+to answer it.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import re
@@ -27,13 +33,64 @@ QUICKSTART = NOTEBOOKS / "01-quickstart.ipynb"
 CELL_TIMEOUT = 600  # seconds; a 2-core machine shared with other jobs starts clusters slowly
 WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+ANSWER_AFTER = 1.0  # seconds before an answer is typed: the cell's output so far comes first
+
+
+class AnsweringClient(NotebookClient):
+    """nbclient, which runs cells without stdin, but for a cell whose metadata lists ``stdin``
+    answers: those are typed into the input requests it makes, one each, in order."""
+
+    async def async_execute_cell(self, cell: Any, cell_index: int, execution_count: Any = None,
+                                 store_history: bool = True) -> Any:
+        answers = list(cell.get("metadata", {}).get("stdin", []))
+        if cell.cell_type != "code" or not answers:
+            return await super().async_execute_cell(cell, cell_index, execution_count,
+                                                    store_history)
+        assert self.kc is not None
+        self.kc.allow_stdin = True
+        typing = asyncio.ensure_future(self._type(cell, answers))
+        try:
+            executed = await super().async_execute_cell(cell, cell_index, execution_count,
+                                                        store_history)
+        finally:
+            typing.cancel()
+            self.kc.allow_stdin = False
+        if answers:
+            raise RuntimeError(f"cell {cell_index} asked for fewer inputs than its metadata's "
+                               f"stdin answers; left over: {answers}")
+        return executed
+
+    async def _type(self, cell: Any, answers: list[str]) -> None:
+        assert self.kc is not None and self.km is not None
+        while True:
+            request = await self.kc.stdin_channel.get_msg(timeout=None)
+            if request["msg_type"] != "input_request":
+                continue
+            await asyncio.sleep(ANSWER_AFTER)
+            if not answers:  # the cell would wait forever: stop it, and say why
+                print(f"{cell.source.splitlines()[0]!r} asked for more input than its "
+                      "metadata's stdin answers: interrupting it", file=sys.stderr, flush=True)
+                await ensure_interrupt(self.km)
+                continue
+            answer = answers.pop(0)
+            self.kc.input(answer)
+            content = request["content"]
+            shown = "\xb7" * 8 if content.get("password") else answer  # as JupyterLab saves it
+            cell.outputs.append(nbformat.v4.new_output(
+                "stream", name="stdin", text=f"{content['prompt']} {shown}\n"))
+
+
+async def ensure_interrupt(km: Any) -> None:
+    result = km.interrupt_kernel()
+    if asyncio.iscoroutine(result):
+        await result
 
 
 def execute(path: Path, on_cell: Any = None) -> nbformat.NotebookNode:
     """Run every cell of the notebook at ``path``; return it with its outputs."""
     os.environ["IPP_NONINTERACTIVE"] = "1"  # inherited by the kernel, as under make test
     nb = nbformat.read(path, as_version=4)
-    client = NotebookClient(
+    client = AnsweringClient(
         nb,
         timeout=CELL_TIMEOUT,
         kernel_name=nb.metadata.kernelspec.name,
