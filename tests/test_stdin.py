@@ -161,6 +161,28 @@ def test_without_stdin_the_process_gets_a_clear_error(kernel, code):
     assert "Run the cell in JupyterLab" in cell.text
 
 
+def test_stepping_past_the_cells_end_leaves_the_debugger(kernel):
+    _, kc, _ = kernel
+    cell = run(kc, "%%spmd\nif jax.process_index() == 1:\n    breakpoint()", ("n", "n", "n"))
+    assert cell.reply["status"] == "ok", cell.text
+    assert len(cell.prompts) == 1  # no step into IPython's or the engine's own code
+    after = run(kc, "%%spmd\nprint(keep)", ("unexpected",))
+    assert after.reply["status"] == "ok" and not after.prompts
+
+
+def test_an_answering_function_that_fails_leaves_no_process_waiting(kernel):
+    _, kc, _ = kernel
+    cell = run(kc, "from jaxcluster.notebook.magics import loaded_magics\n"
+                   "cluster = loaded_magics().cluster\n"
+                   "def refuse(process, prompt, secret):\n    raise ValueError('not now')\n"
+                   "try:\n    cluster.run(\"if jax.process_index() == 1:\\n    input('x? ')\", "
+                   "on_input=refuse)\nexcept ValueError as e:\n    print('raised', e)\n"
+                   "result = cluster.run('print(keep)', timeout=30)\n"
+                   "print(result.ok, result.elapsed < 5)")
+    assert cell.reply["status"] == "ok", cell.text
+    assert "raised not now" in cell.text and "True True" in cell.text
+
+
 def test_afterwards_every_process_and_variable_is_still_there(kernel):
     _, kc, pids = kernel
     cell = run(kc, "%%spmd\nprint(os.getpid(), keep, jax.process_count())")

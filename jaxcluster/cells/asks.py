@@ -65,16 +65,18 @@ class Reads:
                 if not self._pending:
                     return
                 read = min(self._pending, key=lambda r: r.process)
-            value, error = None, None
+            value, error, failed = None, None, None
             try:
                 value = (ask or ask_here)(read.process, read.prompt, read.secret)
             except Exception as e:
-                if type(e).__name__ != NO_STDIN:
-                    raise
-                error = no_stdin(read.process)
+                failed = None if type(e).__name__ == NO_STDIN else e
+                error = no_stdin(read.process) if failed is None else (
+                    f"The notebook could not ask for this input: {type(e).__name__}: {e}")
             with self._lock:
                 self._pending.remove(read)
             channel.tell([read.process], "answer", read.request_id, value, error)
+            if failed is not None:
+                raise failed  # the process was told: it does not wait on
 
 
 def ask_here(process: int, prompt: str, secret: bool) -> str:

@@ -65,7 +65,18 @@ def _debug_the_cell_only() -> None:
 
     if getattr(bdb.Bdb.set_trace, "_jaxcluster", False):
         return
-    original = bdb.Bdb.set_trace
+    original, original_return = bdb.Bdb.set_trace, bdb.Bdb.dispatch_return
+
+    def dispatch_return(self: Any, frame: Any, arg: Any) -> Any:
+        traced = original_return(self, frame, arg)
+        if frame is not getattr(self, "_jaxcluster_cell", None):
+            return traced
+        # the cell returns: debugging ends with it (a step would restore its caller's trace)
+        sys.settrace(None)
+        while frame is not None:
+            frame.f_trace = None
+            frame = frame.f_back
+        return None
 
     def set_trace(self: Any, frame: Any = None) -> None:
         original(self, frame)
@@ -76,7 +87,7 @@ def _debug_the_cell_only() -> None:
             above = above.f_back
         if outermost is None:
             return  # not in a cell's frame (another thread): nothing above it to leave alone
-        self.botframe = outermost
+        self._jaxcluster_cell = outermost
         above = outermost.f_back
         while above is not None:
             above.f_trace = None
@@ -84,6 +95,7 @@ def _debug_the_cell_only() -> None:
 
     set_trace._jaxcluster = True  # type: ignore[attr-defined]
     bdb.Bdb.set_trace = set_trace  # type: ignore[method-assign]
+    bdb.Bdb.dispatch_return = dispatch_return  # type: ignore[method-assign]
 
 
 def take_over(parent: dict[str, Any]) -> None:

@@ -101,7 +101,8 @@ def failure_lines(result: Any) -> list[str]:
         lines.append(f"  {process_label(failed)} raised (see above)")
     kept = [i for i in interrupted if result.processes[i].state != "stuck"]
     if kept and not result.restarted:
-        lines.append(f"  {process_label(kept)} stopped on an interrupt: their state is kept")
+        whose = "its" if len(kept) == 1 else "their"
+        lines.append(f"  {process_label(kept)} stopped on an interrupt: {whose} state is kept")
     stuck = [(p.process_index, p) for p in result.processes if p.state == "stuck"]
     for indices, proc in collapse(stuck, key=lambda p: (p.reason, p.stack)):
         lines.append(f"  {process_label(indices)} stuck: {proc.reason}")
