@@ -18,6 +18,7 @@ JAX keeps a whole read on the array (``_npy_value``) and a second read would cos
 
 from __future__ import annotations
 
+import ctypes
 from dataclasses import dataclass, field
 
 import psutil
@@ -53,6 +54,7 @@ make = jax.jit(lambda i: jnp.arange({SIDE * SIDE}, dtype=jnp.float32).reshape({S
 # expression at the end, which IPython would keep in Out (and the array with it)
 MAKE = "x = None\nx = make({i}).block_until_ready()"
 PATH = "shards._state['shared_memory'] = {shared}"
+TRIM = "import ctypes\ntrimmed = ctypes.CDLL(None).malloc_trim(0)"
 FAR, NEAR = (SIDE - 1, SIDE - 1), (0, 0)  # held by process 3, by process 0
 READ_ELEMENTS = f"""
 if jax.process_index() == 0:
@@ -206,6 +208,10 @@ def _memory(cluster: JaxCluster, table: Table) -> None:
             cluster.run(MAKE.format(i=i)).check()
             cluster.run(READ_ON_0).check()
             cluster.run(DROP).check()
+        # memory freed but kept by glibc's allocator is not held by anything: give it back
+        # before each look, everywhere alike, so that only what is still held is counted
+        cluster.run(TRIM).check()
+        ctypes.CDLL(None).malloc_trim(0)
         return {name: p.memory_info().rss for name, p in processes.items()}
 
     cold = {name: p.memory_info().rss for name, p in processes.items()}
