@@ -16,6 +16,7 @@ import ipyparallel as ipp
 from ..contracts import ProcessInfo, Progress
 from ..engine import process as _engine
 from ..errors import JaxClusterError, engine_error_message
+from . import versions
 from .gather import MARGIN_SECONDS, gather
 from .hosts import split_host_port
 from .launchers import gpu_device_ids
@@ -59,6 +60,7 @@ def initialize(
 
     margin = MARGIN_SECONDS if deadline is None else 0
     identities = engine_identities(client, engine_ids, controller_ip, left().timeout, margin)
+    versions.check(identities, options.allow_version_skew)
     engine_ids = launch_order(engine_ids, identities)
     if options.hosts:
         # each host's processes get consecutive indices, hosts in --hosts order

@@ -11,6 +11,7 @@ from __future__ import annotations
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from typing import Any
 
 import ipyparallel as ipp
@@ -50,10 +51,12 @@ class JaxCluster:
         launcher_args: list[str] | str | None = None,
         ip: str | None = None,
         coordinator: str | None = None,
+        allow_version_skew: bool = False,
     ) -> None:
         self.options = ClusterOptions.checked(
             nodes, devices_per_node, platform, launcher, timeout, coordinator_port, engine_env,
             profile_dir, hosts, engines_per_host, launcher_args, ip, coordinator,
+            allow_version_skew,
         )
         self.processes: list[ProcessInfo] = []
         self.cluster_id: str | None = None
@@ -91,6 +94,7 @@ class JaxCluster:
     launcher_args: OptionAttribute[list[str]] = OptionAttribute()
     ip: OptionAttribute[str | None] = OptionAttribute()
     coordinator_override: OptionAttribute[str | None] = OptionAttribute("coordinator")
+    allow_version_skew: OptionAttribute[bool] = OptionAttribute()
 
     # -- public surface ------------------------------------------------------------------------
 
@@ -147,6 +151,7 @@ class JaxCluster:
         coordinator_port: int | None = None,
         coordinator: str | None = None,
         progress: Progress | None = None,
+        allow_version_skew: bool = False,
     ) -> JaxCluster:
         """Attach to a controller and engines started elsewhere (``ipcluster start``, a job).
 
@@ -156,7 +161,8 @@ class JaxCluster:
         0 being the lowest MPI/Slurm rank or else the lowest engine id, unless every engine has
         it initialized already. ``stop`` then only disconnects; ``restart`` is refused.
         """
-        cluster = cls(timeout=timeout, coordinator_port=coordinator_port, coordinator=coordinator)
+        cluster = cls(timeout=timeout, coordinator_port=coordinator_port, coordinator=coordinator,
+                      allow_version_skew=allow_version_skew)
         options = cluster.options
         options.launcher = ATTACHED
         cluster.cluster_id = cluster_id
@@ -299,6 +305,15 @@ class JaxCluster:
         if setup and result.ok:
             recovery.remember(self.setup_cells, code)
         return result
+
+    def call(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> list[Any]:
+        """``fn(*args, **kwargs)`` on every process in lockstep, as a ``%%spmd`` cell runs
+        (hang evidence, interrupt, recovery), and its values in process order. ``fn``, its
+        arguments and its values travel pickled, as ``View.apply`` sends them. A call that
+        fails on any process raises ``SPMDError``, with each process's error."""
+        from ..cells.calls import call
+
+        return call(self, self.run, fn, args, kwargs)
 
     def devices(self, process_index: int | None = None) -> list[dict]:
         """Device records (see ``layout.device_record``) of every process, or of one."""

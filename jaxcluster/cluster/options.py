@@ -81,6 +81,8 @@ class ClusterOptions:
     ip: str | None = None
     # --coordinator HOST:PORT: where jax.distributed meets, instead of process 0's own address
     coordinator: str | None = None
+    # --allow-version-skew: start although a host's software differs from the notebook's
+    allow_version_skew: bool = False
 
     @classmethod
     def checked(
@@ -98,6 +100,7 @@ class ClusterOptions:
         launcher_args: list[str] | str | None = None,
         ip: str | None = None,
         coordinator: str | None = None,
+        allow_version_skew: bool = False,
     ) -> ClusterOptions:
         """The options, or a ``ConfigError`` for the first one that cannot work."""
         host_list = parse_hosts(hosts)
@@ -149,6 +152,7 @@ class ClusterOptions:
             launcher_args=split_launcher_args(launcher_args),
             ip=ip,
             coordinator=coordinator,
+            allow_version_skew=bool(allow_version_skew),
         )
 
     @property

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import ipaddress
 import os
+import re
 import socket
 import sys
 from typing import Any
@@ -24,15 +25,34 @@ _GPUS: list[int] | None = None
 
 def identity(toward: str | None = None) -> dict[str, Any]:
     """Where this engine runs: its host (as named in --hosts where it was started by name),
-    pid, the address other hosts reach it at (see ``reachable_address``), its launch rank, and
-    what tells its machine from another (``host_facts``)."""
+    pid, the address other hosts reach it at (see ``reachable_address``), its launch rank,
+    what tells its machine from another (``host_facts``), and its software's ``versions``."""
     return {
         "host": host_name(),
         "pid": os.getpid(),
         "address": reachable_address(toward),
         "rank": launch_rank(),
         "facts": host_facts(),
+        "versions": versions(),
     }
+
+
+# distributions that must match across a JAX job: JAX, its accelerator plugins, this package
+VERSIONED = re.compile(r"^(jax|jaxlib|jaxcluster|jax[-_].*(plugin|pjrt).*|libtpu.*)$")
+
+
+def versions() -> dict[str, str]:
+    """Python's version and those of the installed distributions that must match across the
+    processes (``VERSIONED``), as this process finds them."""
+    import importlib.metadata
+    import platform
+
+    found = {"python": platform.python_version()}
+    for dist in importlib.metadata.distributions():
+        name = (dist.metadata["Name"] or "").lower().replace("_", "-")
+        if VERSIONED.match(name) and name not in found:  # the first on sys.path is imported
+            found[name] = dist.version
+    return found
 
 
 def host_facts() -> dict[str, str | None]:

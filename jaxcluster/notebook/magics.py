@@ -121,6 +121,7 @@ class JaxClusterMagics(ClusterMagicsBase):
             ip=args.ip,
             coordinator=args.coordinator,
             engine_env=dict(args.env or []),  # a name given twice: the last wins, as in a shell
+            allow_version_skew=bool(args.allow_version_skew),
         )
         self._run_with_progress("starting", cluster.start)
         self.cluster = cluster
@@ -141,6 +142,7 @@ class JaxClusterMagics(ClusterMagicsBase):
                 coordinator_port=args.coordinator_port,
                 coordinator=args.coordinator,
                 progress=progress,
+                allow_version_skew=bool(args.allow_version_skew),
             )
             return self.cluster
 

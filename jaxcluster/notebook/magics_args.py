@@ -206,6 +206,11 @@ CLUSTER_OPTIONS: list[tuple[tuple[str, ...], tuple[str, ...], dict[str, Any]]] =
         "(XLA_FLAGS, NCCL_*, XLA_PYTHON_CLIENT_PREALLOCATE, ...); repeat for more. Quote a "
         'value with spaces whole: --env "XLA_FLAGS=--a --b". Kept by restart.',
     )),
+    (("--allow-version-skew",), ("start", "connect"), dict(
+        action="store_true",
+        help="start although a host's Python, JAX, jaxlib, accelerator plugins or jaxcluster "
+        "differ from the notebook's (by default the start stops, naming the host).",
+    )),
     (("--profile",), ("connect",), dict(
         metavar="P", help="connect: the ipyparallel profile to attach to.",
     )),
