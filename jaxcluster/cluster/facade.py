@@ -11,6 +11,7 @@ from __future__ import annotations
 import shutil
 import tempfile
 import time
+import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -20,6 +21,7 @@ from ..cells import recovery
 from ..cells.backchannel import BackChannel
 from ..cells.inboxes import Inboxes
 from ..contracts import ProcessInfo, ProcessStatus, Progress
+from ..data import Synced
 from ..errors import ConfigError, JaxClusterError, NoClusterError
 from . import attach, bringup, distributed, queries
 from .event_loop import LoopThread
@@ -52,12 +54,14 @@ class JaxCluster:
         ip: str | None = None,
         coordinator: str | None = None,
         allow_version_skew: bool = False,
+        sync: bool | str = True,
     ) -> None:
         self.options = ClusterOptions.checked(
             nodes, devices_per_node, platform, launcher, timeout, coordinator_port, engine_env,
             profile_dir, hosts, engines_per_host, launcher_args, ip, coordinator,
-            allow_version_skew,
+            allow_version_skew, sync,
         )
+        self.synced: Synced | None = None  # the folder made importable on every process
         self.processes: list[ProcessInfo] = []
         self.cluster_id: str | None = None
         self.coordinator: str | None = None
@@ -152,6 +156,7 @@ class JaxCluster:
         coordinator: str | None = None,
         progress: Progress | None = None,
         allow_version_skew: bool = False,
+        sync: bool | str = True,
     ) -> JaxCluster:
         """Attach to a controller and engines started elsewhere (``ipcluster start``, a job).
 
@@ -162,7 +167,8 @@ class JaxCluster:
         it initialized already. ``stop`` then only disconnects; ``restart`` is refused.
         """
         cluster = cls(timeout=timeout, coordinator_port=coordinator_port, coordinator=coordinator,
-                      allow_version_skew=allow_version_skew)
+                      allow_version_skew=allow_version_skew, sync=sync)
+        synced = cluster._checked_sync()
         options = cluster.options
         options.launcher = ATTACHED
         cluster.cluster_id = cluster_id
@@ -175,6 +181,7 @@ class JaxCluster:
             )
             options.nodes = len(engine_ids)
             cluster._take(distributed.adopt(cluster._client, engine_ids, options, None, progress))
+            cluster._place(synced)
         except BaseException:
             cluster.stop()
             raise
@@ -194,6 +201,7 @@ class JaxCluster:
         began = time.perf_counter()
         deadline = bringup.deadline_for(self.options)
         self.options.check_fits()  # before anything starts
+        synced = self._checked_sync()
         self._work_dir = tempfile.mkdtemp(prefix="jaxcluster-")
         try:
             self._launched = bringup.plan(self.options, self._work_dir)
@@ -202,6 +210,7 @@ class JaxCluster:
             bringup.stop_at_exit(self)
             self._client = self._launched.client
             self._start_processes(progress, deadline)
+            self._place(synced)
         except BaseException:
             self.stop()
             raise
@@ -261,6 +270,7 @@ class JaxCluster:
             try:
                 bringup.stop_engines(launched, self.options, self._loop)
                 self._start_processes(progress, bringup.deadline_for(self.options))
+                self._place(self._checked_sync())
             except BaseException:
                 self.stop()
                 raise
@@ -301,6 +311,8 @@ class JaxCluster:
         """
         from ..cells.spmd import run
 
+        if self.synced is not None:
+            self.synced.refresh(self)  # edits reach every host before the cell
         result = run(self, code, timeout=timeout, **options)
         if setup and result.ok:
             recovery.remember(self.setup_cells, code)
@@ -392,6 +404,15 @@ class JaxCluster:
             # gather's per-process lines say where each process was
             raise bringup.overdue(self.options, what, str(e).partition("\n")[2] or str(e)) from None
         self._take(job)
+
+    def _checked_sync(self) -> Synced | None:
+        """The folder to sync, scanned before anything starts (too large: ``ConfigError``)."""
+        return Synced.checked(self.options.sync) if self.options.sync else None
+
+    def _place(self, synced: Synced | None) -> None:
+        self.synced = synced
+        if synced is not None:
+            synced.place(self, self.cluster_id or uuid.uuid4().hex[:12])
 
     def _take(self, job: distributed.JaxProcesses) -> None:
         assert self._client is not None

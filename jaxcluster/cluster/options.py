@@ -83,6 +83,9 @@ class ClusterOptions:
     coordinator: str | None = None
     # --allow-version-skew: start although a host's software differs from the notebook's
     allow_version_skew: bool = False
+    # the folder made importable on every process (--sync DIR; default the working directory);
+    # None: none (--no-sync)
+    sync: str | None = None
 
     @classmethod
     def checked(
@@ -101,6 +104,7 @@ class ClusterOptions:
         ip: str | None = None,
         coordinator: str | None = None,
         allow_version_skew: bool = False,
+        sync: bool | str = True,
     ) -> ClusterOptions:
         """The options, or a ``ConfigError`` for the first one that cannot work."""
         host_list = parse_hosts(hosts)
@@ -153,6 +157,7 @@ class ClusterOptions:
             ip=ip,
             coordinator=coordinator,
             allow_version_skew=bool(allow_version_skew),
+            sync=_sync_folder(sync),
         )
 
     @property
@@ -185,6 +190,17 @@ class ClusterOptions:
             timeout=self.timeout,
             scratch_dir=work_dir,
         )
+
+
+def _sync_folder(sync: Any) -> str | None:
+    """The folder ``sync`` names: the working directory for True, none for False."""
+    if sync is True:
+        return os.getcwd()
+    if sync is False or sync is None:
+        return None
+    if not isinstance(sync, str | os.PathLike):
+        raise ConfigError(f"sync must be True, False or a folder's path, not {sync!r}.")
+    return os.path.abspath(os.fspath(sync))
 
 
 def check_engine_env(engine_env: Any) -> None:

@@ -29,6 +29,7 @@ from .magics_args import (
     parse,
     process_option,
     seconds,
+    sync_choice,
     unquote,
     usage_errors,
 )
@@ -122,6 +123,7 @@ class JaxClusterMagics(ClusterMagicsBase):
             coordinator=args.coordinator,
             engine_env=dict(args.env or []),  # a name given twice: the last wins, as in a shell
             allow_version_skew=bool(args.allow_version_skew),
+            sync=sync_choice(args),
         )
         self._run_with_progress("starting", cluster.start)
         self.cluster = cluster
@@ -143,6 +145,7 @@ class JaxClusterMagics(ClusterMagicsBase):
                 coordinator=args.coordinator,
                 progress=progress,
                 allow_version_skew=bool(args.allow_version_skew),
+                sync=sync_choice(args),
             )
             return self.cluster
 
@@ -178,8 +181,11 @@ class JaxClusterMagics(ClusterMagicsBase):
             print("Cluster stopped.")
 
     def _status(self, args: Any) -> None:
-        statuses = self.require_cluster().status()
+        cluster = self.require_cluster()
+        statuses = cluster.status()
         show(status_text(statuses), status_html(statuses))
+        if cluster.synced is not None:
+            print(cluster.synced.summary([p.host for p in cluster.processes]))
 
     def _run_with_progress(
         self, title: str, action: Callable[..., Any], quiet: bool = False

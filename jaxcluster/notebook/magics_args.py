@@ -211,6 +211,17 @@ CLUSTER_OPTIONS: list[tuple[tuple[str, ...], tuple[str, ...], dict[str, Any]]] =
         help="start although a host's Python, JAX, jaxlib, accelerator plugins or jaxcluster "
         "differ from the notebook's (by default the start stops, naming the host).",
     )),
+    (("--sync",), ("start", "connect"), dict(
+        metavar="DIR",
+        help="the folder made importable on every process and their working directory: hosts "
+        "that do not see it get a copy of its Python files, and edits before each cell. "
+        "Default: the notebook's working directory.",
+    )),
+    (("--no-sync",), ("start", "connect"), dict(
+        action="store_true",
+        help="make no folder importable on the processes (they keep their own working "
+        "directory).",
+    )),
     (("--profile",), ("connect",), dict(
         metavar="P", help="connect: the ipyparallel profile to attach to.",
     )),
@@ -239,6 +250,15 @@ def cluster_arguments() -> Decorator:
     )
     options = [argument(*flags, default=None, **kw) for flags, _, kw in CLUSTER_OPTIONS]
     return stack(action, *options)
+
+
+def sync_choice(args: Any) -> bool | str:
+    """What ``--sync DIR`` and ``--no-sync`` ask for: a folder, none (False), or the default."""
+    if args.sync is not None and args.no_sync:
+        raise UsageError("--sync DIR and --no-sync contradict each other: give one of them.")
+    if args.no_sync:
+        return False
+    return args.sync if args.sync is not None else True
 
 
 def check_options_apply(args: Any) -> None:

@@ -1,0 +1,129 @@
+"""The notebook's folder on this engine's host: which of its files count (``scan``, the same
+rules on both sides), whether this host sees the folder itself (``sees``), and a copy where it
+does not (``receive``), made importable and the working directory (``use``).
+
+Copied: Python files, below hidden folders, virtual environments and what ``.gitignore`` lists
+left out. A host sees the folder when a folder at the same path holds the same files (size and
+modification time): a shared file system, or the notebook's own machine.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fnmatch
+import hashlib
+import importlib
+import os
+import sys
+import tempfile
+from typing import Any
+
+Listing = dict[str, tuple[int, int]]  # relative path -> (size, modification time in ns)
+SUFFIXES = (".py",)
+MAX_ENTRIES = 50_000  # a walk that visits more is no project folder: the scan stops, too large
+
+
+class TooLarge(Exception):
+    """The folder holds more than the limit: ``biggest`` are its largest files, (path, size)."""
+
+    def __init__(self, total: int, biggest: list[tuple[str, int]]) -> None:
+        super().__init__(total)
+        self.total, self.biggest = total, biggest
+
+
+def scan(root: str, limit: int) -> Listing:
+    """The files of ``root`` that are copied to other hosts, with their size and modification
+    time; raises ``TooLarge`` past ``limit`` bytes (or ``MAX_ENTRIES`` entries walked)."""
+    found: Listing = {}
+    total = visited = 0
+    for folder, dirs, files in os.walk(root):
+        ignored = _ignored(folder)
+        dirs[:] = sorted(d for d in dirs if not d.startswith(".") and d != "__pycache__"
+                         and not os.path.exists(os.path.join(folder, d, "pyvenv.cfg"))
+                         and not _matches(ignored, d, folder=True))
+        visited += len(dirs) + len(files)
+        for name in files:
+            if name.startswith(".") or not name.endswith(SUFFIXES) or _matches(ignored, name):
+                continue
+            path = os.path.join(folder, name)
+            try:
+                stat = os.stat(path)
+            except OSError:
+                continue  # gone meanwhile
+            found[os.path.relpath(path, root)] = (stat.st_size, stat.st_mtime_ns)
+            total += stat.st_size
+        if total > limit or visited > MAX_ENTRIES:
+            biggest = sorted(((p, s) for p, (s, _) in found.items()), key=lambda f: -f[1])
+            raise TooLarge(total, biggest[:5])
+    return found
+
+
+def digest(listing: Listing) -> str:
+    """One name for a listing: equal on two hosts when they hold the same files."""
+    return hashlib.sha256(repr(sorted(listing.items())).encode()).hexdigest()
+
+
+def _ignored(folder: str) -> list[str]:
+    """The patterns of ``folder``'s own ``.gitignore`` (negations are not supported: such a
+    file is then copied, which costs bytes, never correctness)."""
+    try:
+        with open(os.path.join(folder, ".gitignore")) as f:
+            lines = [line.strip() for line in f]
+    except OSError:
+        return []
+    return [line.lstrip("/") for line in lines if line and not line.startswith(("#", "!"))]
+
+
+def _matches(patterns: list[str], name: str, folder: bool = False) -> bool:
+    """Whether ``name`` (a file's, or with ``folder`` a folder's) matches a pattern; a pattern
+    ending in ``/`` names folders only."""
+    return any(fnmatch.fnmatch(name, p.rstrip("/")) for p in patterns
+               if folder or not p.endswith("/"))
+
+
+def sees(root: str, wanted: str, limit: int) -> bool:
+    """Whether this host sees the notebook's folder itself, with the files it lists."""
+    try:
+        return os.path.isdir(root) and digest(scan(root, limit)) == wanted
+    except (OSError, TooLarge):
+        return False
+
+
+def copy_dir(cluster_id: str) -> str:
+    """This host's folder for the copy of one cluster's notebook folder (its own /tmp)."""
+    return os.path.join(tempfile.gettempdir(), f"jaxcluster-sync-{cluster_id}")
+
+
+def receive(folder: str, files: dict[str, bytes], removed: list[str]) -> int:
+    """Write ``files`` (relative path -> bytes) into ``folder``, each whole or not at all, and
+    remove ``removed``; the number of files written."""
+    for relative, data in files.items():
+        path = _inside(folder, relative)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        partial = f"{path}.jaxcluster-partial"
+        with open(partial, "wb") as f:
+            f.write(data)
+        os.replace(partial, path)  # a reader sees the old file or the new one
+    for relative in removed:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(_inside(folder, relative))
+    importlib.invalidate_caches()
+    return len(files)
+
+
+def _inside(folder: str, relative: str) -> str:
+    path = os.path.normpath(os.path.join(folder, relative))
+    if not path.startswith(os.path.normpath(folder) + os.sep):
+        raise ValueError(f"{relative!r} is not inside the synced folder")
+    return path
+
+
+def use(folder: str) -> dict[str, Any]:
+    """Make ``folder`` importable first and the working directory of this process."""
+    if sys.path[:1] != [folder]:
+        if folder in sys.path:
+            sys.path.remove(folder)
+        sys.path.insert(0, folder)
+    os.chdir(folder)
+    importlib.invalidate_caches()
+    return {"folder": folder}
