@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import subprocess
 import tempfile
 
 import pytest
@@ -78,7 +79,17 @@ def test_a_module_beside_the_notebook_imports_on_every_host_and_edits_follow(
     # two files: the data file stays behind
     assert (f"Synced: {project} (2 Python files, 0 KiB), copied to {hosts_named}; edits are "
             "sent before each cell.") in status.text, status.text
+    assert all(copies_on(hosts, h) for h in hosts.networks[0].namespaces)
     run(kernel, "%jax_cluster stop")
+    assert not any(copies_on(hosts, h) for h in hosts.networks[0].namespaces)  # removed
+
+
+def copies_on(hosts, host: str) -> list[str]:
+    """The synced copies in ``host``'s own /tmp, as a shell there lists them."""
+    listed = subprocess.run(["ssh", *hosts.ssh_args, hosts.address(host),
+                             "ls -d /tmp/jaxcluster-sync-* 2>/dev/null"],
+                            capture_output=True, text=True, timeout=30)
+    return listed.stdout.split()
 
 
 def test_no_sync_leaves_the_processes_without_it(hosts, kernel):

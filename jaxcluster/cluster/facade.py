@@ -220,6 +220,8 @@ class JaxCluster:
     def stop(self) -> None:
         """Stop every engine and the controller. Safe to call twice."""
         bringup.stopped(self)
+        if self.synced is not None and self._client is not None and self.processes:
+            self.synced.remove_copies(self)
         launched, self._launched = self._launched, None
         client, self._client = self._client, None
         self._view = None

@@ -12,6 +12,7 @@ message; a folder too large is refused before anything starts.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,6 +23,7 @@ from ..errors import ConfigError
 
 DEFAULT_LIMIT = 100 * 2**20
 ANSWER_TIMEOUT = 60.0
+REMOVE_TIMEOUT = 5.0  # a stop waits this long at most for the hosts to remove their copies
 
 
 @dataclass
@@ -100,6 +102,14 @@ class Synced:
         _answers(cluster, {p: (engine_sync.receive, folder, files, sorted(removed))
                            for p, folder in self.receivers.items()})
 
+    def remove_copies(self, cluster: ClusterHandle) -> None:
+        """The hosts' copies removed, as the cluster stops (best effort: a host that does not
+        answer in time keeps its copy in its temporary directory)."""
+        receivers, self.receivers = self.receivers, {}
+        with contextlib.suppress(Exception):
+            _answers(cluster, {p: (engine_sync.remove, f) for p, f in receivers.items()},
+                     REMOVE_TIMEOUT)
+
     def summary(self, hosts: list[str]) -> str:
         """What is synced, for ``%jax_cluster status`` (``hosts``: by process)."""
         size = sum(s for s, _ in self.listing.values())
@@ -110,8 +120,9 @@ class Synced:
                 f"KiB), {where}.")
 
 
-def _answers(cluster: ClusterHandle, calls: dict[int, tuple[Any, ...]]) -> dict[int, Any]:
+def _answers(cluster: ClusterHandle, calls: dict[int, tuple[Any, ...]],
+             timeout: float = ANSWER_TIMEOUT) -> dict[int, Any]:
     """Each process's call ``(function, *args)`` through ipyparallel, all at once."""
     engines = {p.process_index: p.engine_id for p in cluster.processes}
     pending = {p: cluster.client[engines[p]].apply_async(*call) for p, call in calls.items()}
-    return {p: result.get(ANSWER_TIMEOUT) for p, result in pending.items()}
+    return {p: result.get(timeout) for p, result in pending.items()}

@@ -14,6 +14,7 @@ import fnmatch
 import hashlib
 import importlib
 import os
+import shutil
 import sys
 import tempfile
 from typing import Any
@@ -109,6 +110,11 @@ def receive(folder: str, files: dict[str, bytes], removed: list[str]) -> int:
             os.remove(_inside(folder, relative))
     importlib.invalidate_caches()
     return len(files)
+
+
+def remove(folder: str) -> None:
+    """Remove this host's copy (the cluster stops: nothing of it stays on the host)."""
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 def _inside(folder: str, relative: str) -> str:
