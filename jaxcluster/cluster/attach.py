@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 
 import ipyparallel as ipp
 
 from ..contracts import Progress
 from ..errors import ConfigError, JaxClusterError
+from . import topology
 
 
 def attach_client(
@@ -57,17 +59,36 @@ def attach_client(
 def registered_engines(
     client: ipp.Client, nodes: int | None, timeout: float, progress: Progress | None
 ) -> list[int]:
-    """The controller's engines, once ``nodes`` (or at least one) have registered."""
-    wanted = nodes or 1
-    try:
-        client.wait_for_engines(wanted, timeout=timeout, interactive=False)
-    except TimeoutError:
-        raise JaxClusterError(
-            f"Only {len(client.ids)} of {wanted} engines registered with the controller "
-            f"within {timeout:g} s. Start them where the controller runs (e.g. "
-            "ipcluster engines -n 4), or raise --timeout."
-        ) from None
+    """The controller's engines, once ``nodes`` (or at least one) have registered; without
+    ``nodes``, once as many as their scheduler's ``JAX_NUM_PROCESSES`` says, where it says."""
+    deadline = time.monotonic() + timeout
+    _wait_for(client, nodes or 1, timeout, "")
+    # the registered engines' scheduler, if any: how many make the job (engines without one
+    # are taken as before: those registered, or --nodes)
+    asked = sorted(client.ids)[:nodes]
+    found = topology.reported(client, asked, max(deadline - time.monotonic(), 0.001))
+    count = topology.process_count(found)
+    if count is not None and nodes is not None and count != nodes:
+        raise topology.not_nodes(count, nodes, found)
+    if count is not None and nodes is None:
+        nodes = count
+        because = f" (the {count} that their scheduler's {topology.NUM_PROCESSES} says)"
+        _wait_for(client, count, max(deadline - time.monotonic(), 0.001), because, timeout)
     engine_ids = sorted(client.ids)[:nodes]
     if progress:
         progress("engines registered", len(engine_ids), len(engine_ids))
     return engine_ids
+
+
+def _wait_for(
+    client: ipp.Client, wanted: int, left: float, because: str, timeout: float | None = None
+) -> None:
+    """Until ``wanted`` engines have registered, for ``left`` seconds (of ``timeout``)."""
+    try:
+        client.wait_for_engines(wanted, timeout=left, interactive=False)
+    except TimeoutError:
+        raise JaxClusterError(
+            f"Only {len(client.ids)} of {wanted} engines{because} registered with the "
+            f"controller within {timeout or left:g} s. Start them where the controller runs "
+            "(e.g. ipcluster engines -n 4), or raise --timeout."
+        ) from None

@@ -1,7 +1,9 @@
 """``jax.distributed`` on registered engines: who is process 0, where the processes meet, which
 GPUs each takes, and a check that JAX agrees before the cluster is called ready.
 
-Also the ``connect`` case: engines that initialized JAX themselves are adopted as they are.
+Also the ``connect`` case: engines that initialized JAX themselves are adopted as they are, and
+engines whose scheduler gave them JAX's topology (``topology.py``) get its process ids and
+coordinator.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import ipyparallel as ipp
 from ..contracts import ProcessInfo, Progress
 from ..engine import process as _engine
 from ..errors import JaxClusterError, engine_error_message
-from . import versions
+from . import topology, versions
 from .gather import MARGIN_SECONDS, gather
 from .hosts import split_host_port
 from .launchers import gpu_device_ids
@@ -61,11 +63,17 @@ def initialize(
     margin = MARGIN_SECONDS if deadline is None else 0
     identities = engine_identities(client, engine_ids, controller_ip, left().timeout, margin)
     versions.check(identities, options.allow_version_skew)
-    engine_ids = launch_order(engine_ids, identities)
+    # engines started by someone else may carry their scheduler's topology; never ours, whose
+    # environment may be the notebook's own (one id for all)
+    scheduled = scheduler_topology(engine_ids, identities, options) if options.attached else None
+    engine_ids = list(scheduled.order) if scheduled else launch_order(engine_ids, identities)
     if options.hosts:
         # each host's processes get consecutive indices, hosts in --hosts order
         engine_ids.sort(key=lambda eid: options.hosts.index(identities[eid]["host"]))
-    coordinator = coordinator_address(client, engine_ids[0], identities[engine_ids[0]], left())
+    given = scheduled.coordinator if scheduled else None
+    coordinator = coordinator_address(
+        client, engine_ids[0], identities[engine_ids[0]], left(), given
+    )
     gpus = gpu_assignment(engine_ids, identities, options)
     here = _engine.machine(_engine.host_facts())
     timeout = left().timeout
@@ -78,8 +86,9 @@ def initialize(
             timeout,
             # local: everything on loopback, gloo too (it would take the host name's address)
             "127.0.0.1" if options.launcher == "local" else identities[eid]["address"],
-            # --coordinator may name an address that is not process 0's own (NAT)
-            options.coordinator is None,
+            # --coordinator, or the scheduler's, may name an address that is not process 0's
+            # own (NAT, a Kubernetes service)
+            options.coordinator is None and given is None,
             gpus[eid],
             inbox_dir if here and _engine.machine(identities[eid]["facts"]) == here else None,
         )
@@ -145,6 +154,16 @@ def engine_identities(
     )
 
 
+def scheduler_topology(
+    engine_ids: list[int], identities: dict[int, dict], options: ClusterOptions
+) -> topology.Topology | None:
+    """The engines' order and coordinator as their scheduler gave them (``JAX_PROCESS_ID``,
+    ...), None where none of them has one; an error naming the engines where they disagree."""
+    found = {eid: identities[eid].get("topology") or {} for eid in engine_ids}
+    hosts = {eid: identities[eid]["host"] for eid in engine_ids}
+    return topology.checked(engine_ids, found, hosts, options.coordinator is not None)
+
+
 def launch_order(engine_ids: list[int], identities: dict[int, dict]) -> list[int]:
     """Engines by MPI/Slurm rank when every engine has a distinct one, else as given.
 
@@ -157,13 +176,22 @@ def launch_order(engine_ids: list[int], identities: dict[int, dict]) -> list[int
 
 
 def coordinator_address(
-    client: ipp.Client, engine_id: int, identity: dict, options: ClusterOptions
+    client: ipp.Client,
+    engine_id: int,
+    identity: dict,
+    options: ClusterOptions,
+    scheduled: str | None = None,
 ) -> str:
     """Process 0's address that every process reaches (loopback when all are local), or
-    ``--coordinator``, with a port that is free on process 0 (checked there)."""
+    ``--coordinator``, or else the scheduler's ``scheduled`` (its port replaced by
+    ``--coordinator-port``), with a port that is free on process 0 (checked there)."""
     if options.coordinator:
         host, wanted = split_host_port(options.coordinator, "--coordinator")
         option = "--coordinator HOST:PORT"
+    elif scheduled:
+        host, wanted = split_host_port(scheduled, topology.COORDINATOR)
+        wanted = options.coordinator_port or wanted
+        option = f"--coordinator-port P (it replaces the port of {topology.COORDINATOR})"
     else:
         host = "127.0.0.1" if options.launcher == "local" else identity["address"]
         wanted, option = options.coordinator_port or 0, "--coordinator-port P"
@@ -181,13 +209,18 @@ def coordinator_address(
             f"{engine_error_message(e)}. Restart the cluster."
         ) from None
     if "port" not in answer:
-        raise JaxClusterError(port_claim_error(answer, wanted, identity["host"], option))
+        raise JaxClusterError(
+            port_claim_error(answer, wanted, identity["host"], option, scheduled is None)
+        )
     port = answer["port"]
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
-def port_claim_error(answer: dict[str, Any], port: int, host: str, option: str) -> str:
-    """Why process 0 cannot listen on ``port``, from ``engine.process.claim_port``'s answer."""
+def port_claim_error(
+    answer: dict[str, Any], port: int, host: str, option: str, free_without: bool = True
+) -> str:
+    """Why process 0 cannot listen on ``port``, from ``engine.process.claim_port``'s answer.
+    ``free_without``: leaving ``option`` out picks a free port (not so with a scheduler's)."""
     said = f"{answer.get('error')} (errno {answer.get('errno')})"
     code = answer.get("errno")
     if code == errno.EADDRINUSE:
@@ -201,9 +234,10 @@ def port_claim_error(answer: dict[str, Any], port: int, host: str, option: str) 
         cause = f"cannot be bound on {host} (process 0): no such local address"
     else:
         cause = f"cannot be used on {host} (process 0)"
+    without = ", or leave it out to use a free port" if free_without else ""
     return (
         f"The coordinator port {port} {cause}: {said}. Choose another with {option} (a free "
-        "port above 1024), or leave it out to use a free port."
+        f"port above 1024){without}."
     )
 
 

@@ -14,6 +14,8 @@ import socket
 import sys
 from typing import Any
 
+from .topology import scheduler_topology
+
 # Where MPI implementations and Slurm put a process's rank; MPI's first, because mpiexec run
 # inside a Slurm job leaves the job's own SLURM_PROCID in every rank's environment.
 RANK_VARIABLES = ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID")
@@ -25,13 +27,15 @@ _GPUS: list[int] | None = None
 
 def identity(toward: str | None = None) -> dict[str, Any]:
     """Where this engine runs: its host (as named in --hosts where it was started by name),
-    pid, the address other hosts reach it at (see ``reachable_address``), its launch rank,
-    what tells its machine from another (``host_facts``), and its software's ``versions``."""
+    pid, the address other hosts reach it at (see ``reachable_address``), its launch rank, the
+    JAX topology its scheduler gave it (``topology.py``), what tells its machine from another
+    (``host_facts``), and its software's ``versions``."""
     return {
         "host": host_name(),
         "pid": os.getpid(),
         "address": reachable_address(toward),
         "rank": launch_rank(),
+        "topology": scheduler_topology(),
         "facts": host_facts(),
         "versions": versions(),
     }
