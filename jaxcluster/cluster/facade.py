@@ -162,9 +162,11 @@ class JaxCluster:
 
         The controller is found like ``ipyparallel.Client`` finds it: by ``url_file``, else by
         profile (default ``default``) and ``cluster_id``. Takes the engines registered (at least
-        one; ``nodes``: wait for that many) and initializes ``jax.distributed`` on them, process
-        0 being the lowest MPI/Slurm rank or else the lowest engine id, unless every engine has
-        it initialized already. ``stop`` then only disconnects; ``restart`` is refused.
+        one; ``nodes``, else a scheduler's ``JAX_NUM_PROCESSES``: wait for that many) and
+        initializes ``jax.distributed`` on them: with the scheduler's topology where the engines
+        carry one (``JAX_PROCESS_ID``, ``JAX_COORDINATOR_ADDRESS``), else process 0 being the
+        lowest MPI/Slurm rank or the lowest engine id; unless every engine has it initialized
+        already. ``stop`` then only disconnects; ``restart`` is refused.
         """
         cluster = cls(timeout=timeout, coordinator_port=coordinator_port, coordinator=coordinator,
                       allow_version_skew=allow_version_skew, sync=sync)
