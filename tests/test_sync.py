@@ -6,6 +6,7 @@ anything starts."""
 from __future__ import annotations
 
 import os
+import sys
 
 import pytest
 
@@ -61,3 +62,13 @@ def test_a_missing_folder_fails_the_start_before_anything_starts(tmp_path):
     with pytest.raises(ConfigError, match="no such folder"):
         cluster.start()
     assert cluster.cluster_id is None
+
+
+def test_a_host_whose_copy_had_no_file_still_gets_its_folder(tmp_path):
+    folder = str(tmp_path / "copy")
+    here = os.getcwd()
+    try:
+        assert sync.use(folder) == {"folder": folder} and os.getcwd() == folder
+    finally:
+        os.chdir(here)
+        sys.path.remove(folder)

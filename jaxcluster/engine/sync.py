@@ -125,7 +125,9 @@ def _inside(folder: str, relative: str) -> str:
 
 
 def use(folder: str) -> dict[str, Any]:
-    """Make ``folder`` importable first and the working directory of this process."""
+    """Make ``folder`` importable first and the working directory of this process (made
+    here if its copy had no file to write)."""
+    os.makedirs(folder, exist_ok=True)
     if sys.path[:1] != [folder]:
         if folder in sys.path:
             sys.path.remove(folder)

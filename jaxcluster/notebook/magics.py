@@ -184,7 +184,7 @@ class JaxClusterMagics(ClusterMagicsBase):
         cluster = self.require_cluster()
         statuses = cluster.status()
         show(status_text(statuses), status_html(statuses))
-        if cluster.synced is not None:
+        if cluster.synced is not None and cluster.synced.receivers:  # copies: say where
             print(cluster.synced.summary([p.host for p in cluster.processes]))
 
     def _run_with_progress(
