@@ -42,6 +42,7 @@ PUSH_TARGET = 1.5
 NO_RECORD = {"JAXCLUSTER_DISPATCH_RECORD": "0"}
 SYNC_FILES, SYNC_BYTES, SYNC_PACKAGES = 50, 2 * 2**20, 5
 SYNC_START_TARGET = 1.0  # seconds syncing may add to start → ready
+SYNC_START_PAIRS = 7
 SYNC_CELL_TARGET = 0.002  # seconds the per-cell check may add to a trivial cell
 MAX_RUNS = 4  # runs until two agree, at most
 
@@ -234,7 +235,9 @@ def _sync_start(folder: str, options: dict, settings: Settings, table: Table) ->
             return t.seconds
         return timed
 
-    pairs, samples = settings.repeat, []
+    # start → ready comes in two steps here (about 7.8 s or 8.9 s, whether synced or not):
+    # a median of few pairs lands on either, so this takes more than other slow measurements
+    pairs, samples = max(settings.repeat, SYNC_START_PAIRS), []
     # each start once the machine is quiet: the cluster stopped before still winds down
     runs = _until_agree({"sync": start(folder), "no sync": start(False)}, 1, pairs,
                         settle=True, samples=samples)
