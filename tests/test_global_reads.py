@@ -167,7 +167,11 @@ def test_temporaries_are_read_before_their_owners_drop_them(shell, expected):
 def test_arrays_move_between_device_sets_both_ways(shell, expected):
     text, _ = run_spmd(shell, MOVE)
     assert text.strip() == f"[processes 0-3]\n{expected[MOVE].strip()}"
-    # each process holds its own shards of the moved arrays, the right numbers
+    assert_moved_shards_are_each_processs_own(shell)
+
+
+def assert_moved_shards_are_each_processs_own(shell) -> None:
+    """Each process holds its own shards of the moved ``x8``, with the right numbers."""
     text, _ = run_spmd(shell, "print(sorted((s.index[0].start or 0, float(s.data[0, 0])) "
                               "for s in x8.addressable_shards))")
     held = per_process(text)

@@ -386,10 +386,12 @@ def run_all_cells(page) -> None:
     page.get_by_role("menuitem", name=re.compile(r"^Run All Cells")).first.click()
 
 
-def wait_cells_done(page, timeout: float = 120) -> None:
-    """Wait until every code cell has a numbered prompt and the kernel is idle."""
+def wait_cells_done(page, timeout: float = 120, index: int | None = None) -> None:
+    """Wait until every code cell (or cell ``index`` alone) has a numbered prompt and the
+    kernel is idle."""
     deadline = time.monotonic() + timeout
-    prompts = page.locator(f"{_PANEL} .jp-CodeCell .jp-InputPrompt")
+    cells = page.locator(f"{_PANEL} .jp-CodeCell")
+    prompts = (cells if index is None else cells.nth(index)).locator(".jp-InputPrompt")
     while True:
         texts = [t.strip() for t in prompts.all_inner_texts()]
         if texts and all(_PROMPT_DONE.match(t) for t in texts):

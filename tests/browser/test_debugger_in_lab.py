@@ -5,12 +5,11 @@ end with both processes past the breakpoint, and the next cell still sees ``keep
 
 from __future__ import annotations
 
-import re
 import time
 
 import pytest
 
-from .lab import open_notebook, save_screenshot, wait_kernel_idle, write_notebook
+from .lab import open_notebook, save_screenshot, wait_cells_done, write_notebook
 
 pytestmark = [pytest.mark.browser, pytest.mark.cluster, pytest.mark.timeout(300)]
 
@@ -31,23 +30,6 @@ def run_cell(page, index: int) -> None:
     """Run one code cell in place (Ctrl+Enter in its editor), as a user does."""
     page.locator(f"{PANEL} .jp-CodeCell").nth(index).locator(".jp-InputArea-editor").click()
     page.keyboard.press("Control+Enter")
-
-
-def wait_cell_done(page, index: int, timeout: float) -> None:
-    """Wait until cell ``index`` shows its execution count and the kernel is idle."""
-    prompt = page.locator(f"{PANEL} .jp-CodeCell").nth(index).locator(".jp-InputPrompt")
-    deadline = time.monotonic() + timeout
-    while True:
-        text = prompt.inner_text().strip()
-        if re.fullmatch(r"\[\d+\]:", text):
-            try:
-                wait_kernel_idle(page, timeout=2)
-                return
-            except Exception:
-                pass
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"cell {index} did not finish within {timeout}s: prompt {text}")
-        time.sleep(0.3)
 
 
 def blocks(cell) -> list[tuple[str, str]]:
@@ -87,9 +69,9 @@ def test_a_breakpoint_on_process_1_is_answered_in_lab(lab_server, browser_page):
     open_notebook(page, lab_server, "debugger.ipynb", timeout=180)
     cells = page.locator(f"{PANEL} .jp-CodeCell")
     run_cell(page, 0)
-    wait_cell_done(page, 0, timeout=180)
+    wait_cells_done(page, timeout=180, index=0)
     run_cell(page, 1)
-    wait_cell_done(page, 1, timeout=60)
+    wait_cells_done(page, timeout=60, index=1)
 
     cell = cells.nth(2)
     run_cell(page, 2)
@@ -112,7 +94,7 @@ def test_a_breakpoint_on_process_1_is_answered_in_lab(lab_server, browser_page):
     save_screenshot(page, "debugger-printed")
 
     type_answer(page, box, "c")
-    wait_cell_done(page, 2, timeout=60)
+    wait_cells_done(page, timeout=60, index=2)
     save_screenshot(page, "debugger-done")
     ended = dict(blocks(cell))
     past = [label for label, text in ended.items() if "past breakpoint" in text.splitlines()]
@@ -121,9 +103,9 @@ def test_a_breakpoint_on_process_1_is_answered_in_lab(lab_server, browser_page):
     assert "Error" not in cell.locator(".jp-OutputArea").inner_text()
 
     run_cell(page, 3)
-    wait_cell_done(page, 3, timeout=60)
+    wait_cells_done(page, timeout=60, index=3)
     assert blocks(cells.nth(3)) == [("[processes 0-1]", "7")], blocks(cells.nth(3))
     print(f"input box after {shown_after:.2f} s")
 
     run_cell(page, 4)
-    wait_cell_done(page, 4, timeout=60)
+    wait_cells_done(page, timeout=60, index=4)
