@@ -92,8 +92,11 @@ def test_input_on_process_1_is_asked_within_1_s_and_answered(kernel):
 
 def test_breakpoint_on_process_1_answers_and_continues(kernel):
     _, kc, _ = kernel
-    cell = run(kc, "%%spmd\nif jax.process_index() == 1:\n    breakpoint()\n"
-                   "print('past breakpoint')", ("p keep * 6", "c"))
+    # a garbage collection after every allocation: JAX's gc callback runs while the debugger
+    # starts, and the first prompt must still be the cell's line, not that callback
+    cell = run(kc, "%%spmd\nimport gc\nif jax.process_index() == 1:\n    gc.set_threshold(1)\n"
+                   "    breakpoint()\n    gc.set_threshold(700)\nprint('past breakpoint')",
+               ("p keep * 6", "c"))
     assert cell.reply["status"] == "ok", cell.text
     assert [p for _, p in cell.prompts] == ["[process 1] (Pdb) "] * 2
     assert "42" in cell.text

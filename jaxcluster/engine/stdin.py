@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import builtins
 import contextlib
+import gc
 import getpass
 import io
 import re
@@ -60,12 +61,21 @@ def install() -> None:
 def _debug_the_cell_only() -> None:
     """A debugger started in a cell traces the cell and what it calls, not the machinery
     around it: ``Bdb.set_trace`` traces every frame up the stack, so ``n`` at the cell's last
-    line would step on into IPython's and the engine's own code."""
+    line would step on into IPython's and the engine's own code; nor the garbage collector's
+    callbacks, which run wherever a collection happens to start."""
     import bdb
 
     if getattr(bdb.Bdb.set_trace, "_jaxcluster", False):
         return
     original, original_return = bdb.Bdb.set_trace, bdb.Bdb.dispatch_return
+    original_call = bdb.Bdb.dispatch_call
+
+    def dispatch_call(self: Any, frame: Any, arg: Any) -> Any:
+        # a collection can run a gc callback (JAX registers one) at any call while tracing;
+        # stepping would stop in it ("--Call-- _xla_gc_callback") instead of the user's code
+        if any(getattr(cb, "__code__", None) is frame.f_code for cb in gc.callbacks):
+            return None
+        return original_call(self, frame, arg)
 
     def dispatch_return(self: Any, frame: Any, arg: Any) -> Any:
         traced = original_return(self, frame, arg)
@@ -96,6 +106,7 @@ def _debug_the_cell_only() -> None:
     set_trace._jaxcluster = True  # type: ignore[attr-defined]
     bdb.Bdb.set_trace = set_trace  # type: ignore[method-assign]
     bdb.Bdb.dispatch_return = dispatch_return  # type: ignore[method-assign]
+    bdb.Bdb.dispatch_call = dispatch_call  # type: ignore[method-assign]
 
 
 def take_over(parent: dict[str, Any]) -> None:
