@@ -7,7 +7,6 @@ depending on a ``Protocol`` instead of the class keeps the imports one-way.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -16,8 +15,12 @@ if TYPE_CHECKING:
     from .cells.inboxes import Inboxes
     from .data.file_server import FileServer
 
-# progress(stage, done, total): stage is "engines registered" or "JAX initialized"
-Progress = Callable[[str, int, int], None]
+class Progress(Protocol):
+    """``progress(stage, done, total, detail)`` of a start: the stages are "hosts reached" and
+    "engines started" (engines on other hosts), "engines registered" and "JAX initialized";
+    ``detail`` names what is still awaited ("waiting for h3, h7"), or is ""."""
+
+    def __call__(self, stage: str, done: int, total: int, detail: str = "") -> None: ...
 
 
 @dataclass(frozen=True)

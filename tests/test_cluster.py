@@ -69,7 +69,7 @@ def test_local_engines_are_forked_from_one_process_that_imported_jax(cluster):
     parents = {engine.ppid() for engine in engines}
     assert len(parents) == 1
     forking = psutil.Process(parents.pop())
-    assert "--jaxcluster-fork=4" in forking.cmdline()
+    assert "--jaxcluster-fork" in forking.cmdline()
     assert sorted(c.pid for c in forking.children()) == sorted(e.pid for e in engines)
     # each process draws its own random numbers, as separately started ones did
     result = cluster.run("import numpy as np, random\nprint(np.random.rand(), random.random())")

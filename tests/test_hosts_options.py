@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 import sys
 
 import pytest
@@ -10,9 +11,15 @@ from IPython.core.error import UsageError
 from IPython.testing.globalipapp import start_ipython
 
 from jaxcluster import ConfigError, JaxCluster
+from jaxcluster.cluster.host_sessions import ForkPlan
 from jaxcluster.cluster.hosts import HOST_ARG, engines_by_host, parse_hosts, ssh_options
-from jaxcluster.cluster.launchers import LaunchRequest, gpu_device_ids, plan_launch
-from jaxcluster.cluster.watchdog import cluster_pids, ssh_engines, ssh_kill_commands
+from jaxcluster.cluster.launchers import (
+    FORKED_ENGINE_SET,
+    LaunchRequest,
+    gpu_device_ids,
+    plan_launch,
+)
+from jaxcluster.cluster.watchdog import cluster_pids
 
 
 @pytest.mark.parametrize(
@@ -72,26 +79,34 @@ def test_ssh_plan():
         launcher="ssh", nodes=3, environment={"JAX_PLATFORMS": "cpu"}, hosts=["localhost", "h2"],
         launcher_args=["-i", "key"],
     ))
-    engine_set = plan.config.SSHEngineSetLauncher
-    assert plan.engine_launcher == "ssh"
+    # each host's engines forked there, every host reached at once (issue 33)
+    assert plan.engine_launcher == FORKED_ENGINE_SET
     assert plan.controller_ip == "127.0.0.1"  # the interface that reaches the first host
-    no_nanny = "--IPEngine.enable_nanny=False"  # back-channel requests go to the engine itself
-    assert engine_set.engines == {
-        "localhost": {"n": 2, "engine_args": [f"{HOST_ARG}localhost", no_nanny]},
-        "h2": {"n": 1, "engine_args": [f"{HOST_ARG}h2", no_nanny]},
-    }
-    assert engine_set.engine_cmd == [sys.executable, "-m", "jaxcluster.engine"]
-    assert engine_set.remote_python == sys.executable
-    assert engine_set.environment == {"JAX_PLATFORMS": "cpu"}
-    assert engine_set.ssh_args[:2] == ["-i", "key"] and "BatchMode=yes" in engine_set.ssh_args
-    assert engine_set.scp_args == engine_set.ssh_args
-    # out of the kernel's process group, which the stop button signals
-    assert plan.config.SSHLauncher.ssh_cmd == ["setsid", "ssh"]
-    assert plan.config.SSHEngineLauncher.to_send == []
-    assert plan.preflight is not None
+    fork = plan.fork
+    assert fork is not None
+    assert fork.hosts == {"localhost": 2, "h2": 1}
+    # back-channel requests go to the engine itself: no nanny
+    assert fork.engine_command == [sys.executable, "-m", "jaxcluster.engine",
+                                   "--IPEngine.enable_nanny=False"]
+    assert fork.environment == {"JAX_PLATFORMS": "cpu"}
+    assert fork.ssh_command[:3] == ["ssh", "-i", "key"] and "BatchMode=yes" in fork.ssh_command
     ip = plan_launch(LaunchRequest(launcher="ssh", nodes=1, environment={}, hosts=["h"],
                                    ip="127.0.0.1"))
     assert ip.controller_ip == "127.0.0.1"
+
+
+def test_each_host_is_one_ssh_session_whose_command_holds_no_secret():
+    fork = ForkPlan({"h1": 2, "me@h2:2222": 1}, ["python", "-m", "jaxcluster.engine", "--x"],
+                    ["ssh", "-i", "k"], {"IPP_CONNECTION_INFO": "secret"})
+    command = fork.command("me@h2:2222")
+    assert command[:6] == ["ssh", "-i", "k", "-p", "2222", "me@h2"]
+    # the remote shell execs the forking process: nothing stays between it and ssh; the key
+    # goes through ssh's stdin, never on a command line
+    assert shlex.split(command[6]) == [
+        "exec", "python", "-m", "jaxcluster.engine", "--x", "--jaxcluster-fork",
+        f"{HOST_ARG}me@h2:2222"]
+    assert len(command) == 7
+    assert fork.command("") == ["python", "-m", "jaxcluster.engine", "--x", "--jaxcluster-fork"]
 
 
 def test_launcher_args_reach_the_cluster_unquoted_through_the_magic(monkeypatch):
@@ -122,24 +137,21 @@ def test_launcher_args_reach_the_cluster_unquoted_through_the_magic(monkeypatch)
 
 CLUSTER_FILE = {
     "controller": {"state": {"pid": 100}},
-    "engines": {"class": "ssh", "sets": {"1": {"pid": -1, "engines": {
-        "h1/0": {"pid": 7, "hostname": "h1", "user": "", "ssh_cmd": ["ssh"],
-                 "ssh_args": ["-i", "k"]},
-        "h1/1": {"pid": 8, "hostname": "h1", "user": "", "ssh_cmd": ["ssh"],
-                 "ssh_args": ["-i", "k"]},
-        "h2/0": {"pid": 7, "hostname": "h2", "user": "me", "ssh_cmd": ["ssh"],
-                 "ssh_args": ["-i", "k", "-p", "2222"]},
-    }}}},
+    "engines": {"class": FORKED_ENGINE_SET, "sets": {"1": {
+        "pid": 200, "session_pids": [200, 201], "engines": {
+            "h1/0": {"pid": -1, "host": "h1", "remote_pid": 7},
+            "h1/1": {"pid": -1, "host": "h1", "remote_pid": 8},
+            "h2/0": {"pid": -1, "host": "h2", "remote_pid": 7},
+        }}, "2": {"pid": 300, "session_pids": [300], "engines": {
+            "0": {"pid": 301, "host": "", "remote_pid": -1},
+        }}}},
 }
 
 
-def test_watchdog_kills_ssh_engines_over_ssh_never_by_local_pid():
-    # their pids belong to other hosts: killing them here would hit unrelated processes
-    assert cluster_pids(CLUSTER_FILE) == [100]
-    assert ssh_kill_commands(ssh_engines(CLUSTER_FILE)) == [
-        ["ssh", "-i", "k", "h1", "kill", "-KILL", "7", "8"],
-        ["ssh", "-i", "k", "-p", "2222", "me@h2", "kill", "-KILL", "7"],
-    ]
+def test_watchdog_kills_this_machines_processes_never_another_hosts_pid():
+    # remote pids belong to other hosts: killing them here would hit unrelated processes;
+    # the ssh clients (200, 201) stand for those hosts, whose engines end with their session
+    assert sorted(cluster_pids(CLUSTER_FILE)) == [100, 200, 200, 201, 300, 300, 301]
 
 
 @pytest.mark.parametrize(

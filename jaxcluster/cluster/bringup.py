@@ -26,6 +26,7 @@ from ..engine import process as _engine
 from ..errors import JaxClusterError
 from . import engine_sets, watchdog
 from .event_loop import LoopThread
+from .host_sessions import HostSessions
 from .hosts import engines_by_host
 from .launchers import plan_launch
 from .options import ClusterOptions
@@ -71,16 +72,16 @@ class Launched:
 
     ipp_cluster: ipp.Cluster
     controller_ip: str
+    # the lines to each host's forking process, where engines are forked per host
+    # (forked_engines.py): opened with the controller, kept across restarts
+    sessions: HostSessions | None = None
     client: ipp.Client | None = None
     watchdog: subprocess.Popen | None = None
 
 
 def plan(options: ClusterOptions, work_dir: str) -> Launched:
-    """The cluster as planned (nothing runs yet); raises what cannot work, e.g. a host that
-    ssh cannot reach."""
+    """The cluster as planned (nothing runs yet); raises what cannot work."""
     launch = plan_launch(options.launch_request(work_dir))
-    if launch.preflight:
-        launch.preflight()
     cluster = ipp.Cluster(
         n=options.nodes,
         engines=launch.engine_launcher,
@@ -92,7 +93,11 @@ def plan(options: ClusterOptions, work_dir: str) -> Launched:
         config=launch.config,
         **({"profile_dir": options.profile_dir} if options.profile_dir else {}),
     )
-    return Launched(cluster, launch.controller_ip)
+    sessions = None
+    if launch.fork is not None:
+        sessions = HostSessions(launch.fork, {"IPP_CLUSTER_ID": cluster.cluster_id,
+                                              "IPP_PROFILE_DIR": cluster.profile_dir})
+    return Launched(cluster, launch.controller_ip, sessions)
 
 
 def deadline_for(options: ClusterOptions) -> float:
@@ -118,12 +123,20 @@ def overdue(options: ClusterOptions, what: str, detail: str = "") -> JaxClusterE
 
 
 def start_controller(
-    launched: Launched, options: ClusterOptions, loop: LoopThread, deadline: float
+    launched: Launched,
+    options: ClusterOptions,
+    loop: LoopThread,
+    deadline: float,
+    progress: Progress | None = None,
 ) -> None:
     """The watchdog (for when this process dies; first, so that it sees every process of the
-    cluster), the controller, and a client of it."""
+    cluster), the line to each host, whose forking process imports JAX meanwhile, the
+    controller, and a client of it."""
     cluster = launched.ipp_cluster
     launched.watchdog = watchdog.start(cluster.cluster_file, cluster.cluster_id)
+    if launched.sessions is not None:
+        launched.sessions.progress = progress  # "hosts reached" comes meanwhile
+        launched.sessions.open()
     what = "start the controller"
     loop.run(cluster.start_controller(), remaining(deadline, options, what), what)
     # ipyparallel writes it with the default umask; it names hosts, pids and ssh options
@@ -147,12 +160,16 @@ def start_engines(
     known = set(client.ids)
     what = "start the engines"
     left = remaining(deadline, options, what)
+    # the forked engine set reports each host's progress and names the hosts behind itself
+    forked = {"sessions": launched.sessions, "progress": progress, "start_timeout": left}
+    if launched.sessions is None:
+        forked = {}
     try:
-        loop.run(cluster.start_engines(options.nodes), left, what)
+        loop.run(cluster.start_engines(options.nodes, **forked), left + MARGIN_SECONDS, what)
+    except JaxClusterError:
+        raise
     except Exception as e:
-        hosts = engine_sets.unstarted_hosts(cluster) if options.hosts else []
-        where = f" on {', '.join(hosts)}" if hosts else ""
-        raise JaxClusterError(f"Could not start the engines{where}: {e}") from None
+        raise JaxClusterError(f"Could not start the engines: {e}") from None
     return _registered(launched, known, options, progress, deadline)
 
 
@@ -179,6 +196,8 @@ def shut_down(launched: Launched, options: ClusterOptions, loop: LoopThread) -> 
             cluster.update_cluster_file()
         watchdog.kill_cluster(cluster.cluster_file)
     finally:
+        if launched.sessions is not None:  # each host's forking process ends with its line
+            launched.sessions.close()
         if options.launcher == "local":  # engines launched after the last cluster file update
             watchdog.kill_local(cluster.cluster_id)
         watchdog.stop(launched.watchdog)
@@ -218,6 +237,10 @@ def _registered(
         one_more = client.wait_for_engines(
             len(ids) + 1, timeout=left, block=False, interactive=False
         )
+        if len(client.ids) > len(ids):
+            # one registered while ipyparallel set up that wait, which then misses it and
+            # lasts until its timeout (seen: a whole start's 120 s)
+            continue
         concurrent.futures.wait(
             [one_more, ended], timeout=left, return_when=concurrent.futures.FIRST_COMPLETED
         )

@@ -1,8 +1,7 @@
 """What ipyparallel's engine sets know about the engines they started, and how to end them.
 
 Functions over an ``ipyparallel.Cluster``: which engines ended and how, their last output, the
-hosts an ssh start did not reach, the Slurm queue's word on a job, and killing every engine the
-way its launcher needs.
+Slurm queue's word on a job, and killing every engine the way its launcher needs.
 """
 
 from __future__ import annotations
@@ -17,11 +16,9 @@ from functools import partial
 from typing import Any
 
 import ipyparallel as ipp
-from ipyparallel.cluster.launcher import MPILauncher, SlurmLauncher, SSHEngineSetLauncher
+from ipyparallel.cluster.launcher import MPILauncher, SlurmLauncher
 
-from .watchdog import kill_slurm_step, run_all, ssh_kill_commands
-
-SSH_KILL_SECONDS = 15
+from .watchdog import kill_slurm_step
 
 
 def exited_engines(cluster: ipp.Cluster | None) -> list[tuple[dict, str]]:
@@ -40,11 +37,7 @@ def exited_engines(cluster: ipp.Cluster | None) -> list[tuple[dict, str]]:
             ended.append(({**stop_data, "command": "mpiexec"}, engine_set.get_output()))
             continue
         outputs = getattr(engine_set, "outputs", None) or {}
-        remote = isinstance(engine_set, SSHEngineSetLauncher)
         for identifier, data in dict(stop_data.get("engines") or {}).items():
-            if remote:
-                # ipyparallel's ssh launcher cannot learn a remote exit code and reports -1
-                data = {**data, "exit_code": None}
             ended.append((data, outputs.get(identifier, "")))
     # one engine's record may be both an engine's and its set's; pids repeat across hosts
     return list({(launch_host(data), data.get("pid")): (data, output)
@@ -125,19 +118,8 @@ def open_mpi_reasons(output: str) -> tuple[list[str], str]:
 
 
 def launch_host(stop_data: dict) -> str:
-    """The --hosts entry of an ended ssh engine (ipyparallel's identifier "HOST/i"), else ""."""
+    """The --hosts entry of an ended ssh engine (its identifier is "HOST/i"), else ""."""
     return str(stop_data.get("identifier") or "").rpartition("/")[0]
-
-
-def unstarted_hosts(cluster: ipp.Cluster) -> list[str]:
-    """The hosts of the engines that ipyparallel's ssh launcher failed to start: it stops at
-    the first, leaving it in the "before" state."""
-    return [
-        key.rpartition("/")[0]  # ipyparallel's keys: "HOST/i"
-        for engine_set in list(cluster.engines.values())
-        for key, launcher in list(getattr(engine_set, "launchers", {}).items())
-        if launcher.state == "before"
-    ]
 
 
 def slurm_jobs_note(cluster: ipp.Cluster | None) -> str:
@@ -161,11 +143,9 @@ def slurm_jobs_note(cluster: ipp.Cluster | None) -> str:
 def kill_engines(cluster: ipp.Cluster, run: Callable[[Coroutine[Any, Any, Any]], Any]) -> None:
     """SIGKILL every engine of ``cluster`` (see launchers.STOP_SECONDS_UNTIL_KILL for why).
 
-    ``run`` runs a coroutine of ``cluster`` on the loop that drives it. Engines on other hosts
-    get one ``ssh HOST kill`` per host, all at once; ipyparallel would send each signal over
-    ssh through a remote Python, one engine after another.
+    ``run`` runs a coroutine of ``cluster`` on the loop that drives it. Forked engines, on
+    every host, are signalled through their host's forking process, all at once.
     """
-    remote: list[Any] = []
     for set_id, engine_set in list(cluster.engines.items()):
         if isinstance(engine_set, MPILauncher):
             continue  # ranks outlive a SIGKILLed mpiexec; its own stop (SIGTERM) ends them
@@ -173,31 +153,5 @@ def kill_engines(cluster: ipp.Cluster, run: Callable[[Coroutine[Any, Any, Any]],
             if engine_set.job_id:
                 kill_slurm_step(engine_set.job_id)
             continue
-        if isinstance(engine_set, SSHEngineSetLauncher):
-            remote.extend(e for e in list(engine_set.launchers.values()) if e.state == "running")
-            continue
         with contextlib.suppress(Exception):  # already gone is fine
             run(cluster.signal_engines(signal.SIGKILL, set_id))
-    if not remote:
-        return
-    _fetch_outputs(remote)
-    stopped = []
-    for launcher in remote:
-        noticed: concurrent.futures.Future[None] = concurrent.futures.Future()
-        launcher.on_stop(partial(_settle, noticed))
-        stopped.append(noticed)
-    run_all(ssh_kill_commands([launcher.to_dict() for launcher in remote]), SSH_KILL_SECONDS)
-    # let ipyparallel notice the ends, so that its own stop has nothing left to signal
-    concurrent.futures.wait(stopped, timeout=SSH_KILL_SECONDS)
-
-
-def _fetch_outputs(launchers: list[Any]) -> None:
-    """Read every remote engine's output now, all at once (bounded).
-
-    ipyparallel reads a stopped engine's output over scp, one engine after another, as it
-    notices each end; read here, its launchers keep it and fetch nothing more.
-    """
-    pool = concurrent.futures.ThreadPoolExecutor(len(launchers))
-    fetches = [pool.submit(launcher.get_output) for launcher in launchers]
-    concurrent.futures.wait(fetches, timeout=SSH_KILL_SECONDS)
-    pool.shutdown(wait=False)

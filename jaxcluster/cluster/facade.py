@@ -208,7 +208,7 @@ class JaxCluster:
         try:
             self._launched = bringup.plan(self.options, self._work_dir)
             self.cluster_id = self._launched.ipp_cluster.cluster_id
-            bringup.start_controller(self._launched, self.options, self._loop, deadline)
+            bringup.start_controller(self._launched, self.options, self._loop, deadline, progress)
             bringup.stop_at_exit(self)
             self._client = self._launched.client
             self._start_processes(progress, deadline)

@@ -1,17 +1,15 @@
 """Where engines run: ``--hosts`` and its checks, addresses and ports, and ssh's part.
 
-Everything here is checked before anything starts, so that a wrong host name or an ssh that
-asks for a password is a one-line error naming the host, not a hang.
+Host options are checked before anything starts; a host that ssh cannot reach, or that lacks
+the environment, is named with the cause by the line to it (``host_sessions.py``), within
+ssh's own connect timeout, not a hang.
 """
 
 from __future__ import annotations
 
 import ipaddress
-import shlex
 import socket
-import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
 
 from ..engine.process import interface_address
 from ..errors import ConfigError, JaxClusterError
@@ -138,45 +136,22 @@ def ssh_options(launcher_args: list[str], timeout: float) -> list[str]:
     return [*launcher_args, "-o", "BatchMode=yes", "-o", f"ConnectTimeout={connect}"]
 
 
-# exit status 3: the host's Python has no jaxcluster; find_spec does not import it (fast)
-_FIND_JAXCLUSTER = (
-    "import importlib.util, sys; sys.exit(3 if importlib.util.find_spec('jaxcluster') is None "
-    "else 0)"
-)
-
-
-def check_ssh_hosts(hosts: list[str], ssh_args: list[str], timeout: float) -> None:
-    """Reach every host over ssh and find jaxcluster there, all at once, before anything starts.
-
-    ipyparallel's own failures name neither the host nor the cause.
-    """
-    command = shlex.join([sys.executable, "-c", _FIND_JAXCLUSTER])
-
-    def probe(host: str) -> str | None:
-        user, name, port = ssh_destination(host)
-        destination = ["-p", port] if port else []
-        try:
-            done = subprocess.run(
-                ["ssh", *ssh_args, *destination, f"{user}@{name}" if user else name, command],
-                stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout,
-            )
-        except subprocess.TimeoutExpired:
-            return f"ssh did not answer within {timeout:g} s"
-        if done.returncode == 0:
-            return None
-        said = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
-        if done.returncode == 255:
-            return f"ssh failed: {said}"
-        if done.returncode == 3:
-            return f"jaxcluster is not installed for {sys.executable} there"
-        return f"{sys.executable} does not run there ({said})"
-
-    with ThreadPoolExecutor(len(hosts)) as pool:
-        failures = {h: why for h, why in zip(hosts, pool.map(probe, hosts), strict=True) if why}
-    if failures:
-        lines = "\n".join(f"  {host}: {why}" for host, why in failures.items())
-        raise JaxClusterError(
-            f"Cannot start engines on {', '.join(failures)} over ssh:\n{lines}\n"
-            "Each host needs ssh without a password prompt (a key; --launcher-args \"-i KEY\") "
-            f"and this Python, with jaxcluster, at the same path: {sys.executable}."
-        )
+def ssh_failure(code: int, output: str, reached: bool) -> str:
+    """Why a host's forking process, started over ssh, ended before it forked the engines
+    (``code``: ssh's exit status; ``output``: its stderr and the process's), and the fix."""
+    last = (output.strip().splitlines() or [f"exit status {code}"])[-1]
+    fix = (" Each host needs ssh without a password prompt (a key; --launcher-args \"-i KEY\") "
+           f"and this Python, with jaxcluster, at the same path: {sys.executable}.")
+    if code == 255 and not output.strip():  # ssh says why it failed; this was the process
+        return ("the process that imports JAX and forks the engines there ended before it "
+                "forked them, without a word (ssh's exit status 255: it was killed, or the "
+                "connection was lost). Start again; if it recurs, look at that host's load "
+                "and logs.")
+    if code == 255 and not reached:
+        return f"ssh failed: {last}.{fix}"
+    if "No module named jaxcluster" in output:
+        return f"jaxcluster is not installed for {sys.executable} there.{fix}"
+    if code == 127:
+        return f"{sys.executable} does not run there ({last}).{fix}"
+    return (f"the process that imports JAX and forks the engines there exited (exit code "
+            f"{code}) before it forked them. Its output names what failed:\n{output}")

@@ -1,8 +1,8 @@
 """How ``--launcher NAME`` maps onto ipyparallel's own launchers and the engines' environment.
 
-We never start processes ourselves: ipyparallel's launchers do, configured here. (Local
-engines are forked by one engine process that ipyparallel's local launcher starts: see
-``forked_engines.py``.)
+We start no process ourselves but the one per host that forks that host's engines, as an
+ipyparallel engine set (``forked_engines.py``, for local and ssh engines); ipyparallel's own
+launchers start the controller, and the engines of MPI and Slurm.
 """
 
 from __future__ import annotations
@@ -12,14 +12,14 @@ import shlex
 import shutil
 import subprocess
 import sys
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from traitlets.config import Config
 
 from ..engine.process import reachable_address
 from ..errors import ConfigError
-from .hosts import HOST_ARG, check_ssh_hosts, engines_by_host, route_address, ssh_options
+from .host_sessions import ForkPlan
+from .hosts import engines_by_host, route_address, ssh_options
 
 LAUNCHERS = ("local", "ssh", "mpi", "slurm")
 GPU_PLATFORMS = ("gpu", "cuda", "rocm")
@@ -38,7 +38,7 @@ MPIEXEC_SECONDS_UNTIL_KILL = 15
 
 ENGINE_CMD = [sys.executable, "-m", "jaxcluster.engine"]
 NO_NANNY = "--IPEngine.enable_nanny=False"
-LOCAL_ENGINE_SET = "jaxcluster.cluster.forked_engines.ForkedEngineSetLauncher"
+FORKED_ENGINE_SET = "jaxcluster.cluster.forked_engines.ForkedEngineSetLauncher"
 
 
 @dataclass
@@ -47,8 +47,8 @@ class LaunchPlan:
     controller_ip: str
     controller_args: list[str]
     config: Config = field(default_factory=Config)
-    # run before anything starts; raises JaxClusterError naming what cannot work
-    preflight: Callable[[], None] | None = None
+    # where engines are forked per host (local, ssh): what the forking processes run
+    fork: ForkPlan | None = None
 
 
 def engine_environment(platform: str | None, devices_per_node: int | None) -> dict[str, str]:
@@ -122,50 +122,33 @@ def plan_launch(request: LaunchRequest) -> LaunchPlan:
 
 def _plan_local(request: LaunchRequest) -> LaunchPlan:
     """Engines forked from one process that imported JAX once (``forked_engines.py``)."""
-    config = Config()
-    engine_set = config.ForkedEngineSetLauncher
-    engine_set.stop_seconds_until_kill = STOP_SECONDS_UNTIL_KILL
-    # no nanny process beside each engine: it costs a Python start (0.6 s of CPU, 28 MiB) per
-    # engine; signals go over the back channel, and deaths show in the process table here
-    engine_set.engine_args = [NO_NANNY]
-    plan = _plan("local", engine_set, config, request, request.ip or "127.0.0.1")
-    plan.engine_launcher = LOCAL_ENGINE_SET
-    return plan
+    return _plan_forked(request, {"": request.nodes}, [], request.ip or "127.0.0.1")
 
 
 def _plan_ssh(request: LaunchRequest) -> LaunchPlan:
+    """Each host's engines forked there by one process, reached over one ssh session per host,
+    all hosts at once (``forked_engines.py``)."""
     engines = engines_by_host(request.nodes, request.hosts, request.engines_per_host)
-    ssh_args = ssh_options(request.launcher_args, request.timeout)
-    config = Config()
-    engine_set = config.SSHEngineSetLauncher
-    # the same Python at the same path on every host (a shared or identical installation)
-    engine_set.remote_python = sys.executable
-    # each engine learns the name it was started under, so processes are ordered and errors
-    # reported by the host names the user gave
-    # no nanny either: it would relay every back-channel request (a cell, an interrupt) through
-    # one more process, and the launcher itself sees each engine end on its host
-    engine_set.engines = {
-        host: {"n": n, "engine_args": [f"{HOST_ARG}{host}", NO_NANNY]}
-        for host, n in engines.items()
-    }
-    engine_set.ssh_args = ssh_args
-    engine_set.scp_args = ssh_args
-    # ipyparallel runs ssh in our process group, where the kernel's stop button (SIGINT to the
-    # group) ended the ssh that watches each engine; in a session of its own it never sees it
-    if shutil.which("setsid"):
-        config.SSHLauncher.ssh_cmd = ["setsid", "ssh"]
-        config.SSHLauncher.scp_cmd = ["setsid", "scp"]
-    engine_set.delay = 0.0
-    engine_set.stop_seconds_until_kill = STOP_SECONDS_UNTIL_KILL
-    # Engines get the controller's connection info, key included, in their environment, sent
-    # through ssh's stdin. Copying the connection file as well is useless, and where the hosts
-    # share the home directory scp would copy the file onto itself and truncate it.
-    config.SSHEngineLauncher.to_send = []
-    return _plan(
-        "ssh", engine_set, config, request,
+    return _plan_forked(
+        request, engines, ssh_options(request.launcher_args, request.timeout),
         controller_ip=request.ip or route_address(next(iter(engines))),
-        preflight=lambda: check_ssh_hosts(list(engines), ssh_args, request.timeout),
     )
+
+
+def _plan_forked(
+    request: LaunchRequest, hosts: dict[str, int], ssh_args: list[str], controller_ip: str
+) -> LaunchPlan:
+    config = Config()
+    engine_set = config.ForkedEngineSetLauncher
+    engine_set.stop_seconds_until_kill = STOP_SECONDS_UNTIL_KILL
+    plan = _plan(request.launcher, engine_set, config, request, controller_ip)
+    plan.engine_launcher = FORKED_ENGINE_SET
+    # no nanny process beside each engine: it costs a Python start (0.6 s of CPU, 28 MiB) per
+    # engine and would relay every back-channel request through one more process; each host's
+    # forking process sees its engines end
+    plan.fork = ForkPlan(hosts, [*ENGINE_CMD, NO_NANNY], ["ssh", *ssh_args],
+                         dict(request.environment))
+    return plan
 
 
 def _plan_mpi(request: LaunchRequest) -> LaunchPlan:
@@ -224,7 +207,6 @@ def _plan(
     config: Config,
     request: LaunchRequest,
     controller_ip: str,
-    preflight: Callable[[], None] | None = None,
 ) -> LaunchPlan:
     """What every plan shares: our engine command and environment, the controller's options.
 
@@ -241,7 +223,6 @@ def _plan(
         # every array pulled or pushed through ipyparallel
         controller_args=["--usethreads", "--nodb", f"--HeartMonitor.period={HEARTBEAT_MS}"],
         config=config,
-        preflight=preflight,
     )
 
 

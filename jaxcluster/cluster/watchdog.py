@@ -5,8 +5,9 @@ atexit hook cannot run when the notebook's kernel is killed with SIGKILL. This s
 outlives its parent for exactly that case: it polls the parent and, when the parent has exited,
 kills every pid that ipyparallel's cluster file lists (controller and engines) and their children,
 and every local process whose environment names the cluster (``IPP_CLUSTER_ID``: engines launched
-before the cluster file listed them, e.g. when the parent died mid-launch). Engines started over
-ssh are killed over ssh, since their pids belong to other hosts, and Slurm jobs are cancelled.
+before the cluster file listed them, e.g. when the parent died mid-launch). Engines on other
+hosts end with the ssh session their host's forking process is reached through, and Slurm
+jobs are cancelled.
 
 Run as ``python -m jaxcluster.cluster.watchdog PARENT_PID PARENT_CREATE_TIME CLUSTER_FILE
 CLUSTER_ID``.
@@ -49,70 +50,23 @@ def read_cluster_file(cluster_file: str) -> dict:
 
 
 def cluster_pids(info: dict) -> list[int]:
-    """The pids of this host's controller and engines in an ipyparallel cluster file's data."""
+    """The pids of this machine's controller and engines in an ipyparallel cluster file's data,
+    and of the processes that stand for other hosts (each host's forking process, or the ssh
+    client it is reached through: its engines end with it). A pid of another host is never
+    one of these."""
     pids = []
     controller = (info.get("controller") or {}).get("state") or {}
     if (controller.get("pid") or 0) > 0:
         pids.append(controller["pid"])
     engines = info.get("engines") or {}
-    if engines.get("class") == "ssh":
-        return pids
     for engine_set in (engines.get("sets") or {}).values():
+        pids.extend(pid for pid in engine_set.get("session_pids") or [] if pid > 0)
         if (engine_set.get("pid") or 0) > 0:
             pids.append(engine_set["pid"])
         for engine in (engine_set.get("engines") or {}).values():
             if (engine.get("pid") or 0) > 0:
                 pids.append(engine["pid"])
     return pids
-
-
-def ssh_engines(info: dict) -> list[dict]:
-    """ipyparallel's records of the engines it started over ssh (ssh_cmd, ssh_args, user,
-    hostname, pid), from a cluster file's data."""
-    engines = info.get("engines") or {}
-    if engines.get("class") != "ssh":
-        return []
-    return [
-        engine
-        for engine_set in (engines.get("sets") or {}).values()
-        for engine in (engine_set.get("engines") or {}).values()
-    ]
-
-
-def ssh_kill_commands(engines: list[dict]) -> list[list[str]]:
-    """One ``ssh HOST kill -KILL PID...`` per host, for ipyparallel's ssh engine records."""
-    by_host: dict[tuple, list[str]] = {}
-    for engine in engines:
-        if (engine.get("pid") or 0) <= 0 or not engine.get("hostname"):
-            continue
-        user = engine.get("user")
-        location = f"{user}@{engine['hostname']}" if user else engine["hostname"]
-        ssh = tuple(engine.get("ssh_cmd") or ["ssh"])
-        key = (ssh, tuple(engine.get("ssh_args") or []), location)
-        by_host.setdefault(key, []).append(str(engine["pid"]))
-    return [
-        [*ssh, *args, host, "kill", "-KILL", *pids] for (ssh, args, host), pids in by_host.items()
-    ]
-
-
-def run_all(commands: list[list[str]], timeout: float) -> None:
-    """Run the commands at once; kill any still running after ``timeout`` seconds."""
-    running = [
-        subprocess.Popen(
-            command,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        for command in commands
-    ]
-    deadline = time.monotonic() + timeout
-    for proc in running:
-        try:
-            proc.wait(max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def cluster_slurm_jobs(info: dict) -> list[str]:
@@ -207,7 +161,6 @@ def kill_cluster(cluster_file: str, cluster_id: str | None = None) -> None:
     kill_tree(cluster_pids(info))
     if cluster_id:
         kill_local(cluster_id)
-    run_all(ssh_kill_commands(ssh_engines(info)), timeout=30)
     with contextlib.suppress(OSError):
         os.remove(cluster_file)
 

@@ -1,8 +1,8 @@
 """What runs on an engine, in one JAX process; the notebook sends these modules' functions by
 reference. It offers ``process``, ``topology``, ``forking``, ``cells``, ``inbox``,
-``backchannel``, ``dispatch``, ``values``, ``data``, ``sharding``, ``stdin``, ``sync`` and
-``introspect``; ``__main__`` is what every launcher runs (``python -m jaxcluster.engine``).
-IPython only where the engine's own shell is needed."""
+``backchannel``, ``dispatch``, ``values``, ``data``, ``sharding``, ``stdin``, ``sync``,
+``scripts`` and ``introspect``; ``__main__`` is what every launcher runs (``python -m
+jaxcluster.engine``). IPython only where the engine's own shell is needed."""
 
 __all__ = [
     "backchannel",
@@ -13,6 +13,7 @@ __all__ = [
     "inbox",
     "introspect",
     "process",
+    "scripts",
     "sharding",
     "stdin",
     "sync",

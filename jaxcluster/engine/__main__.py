@@ -23,8 +23,9 @@ def main() -> None:
     ipyparallel's MPI launcher adds ``--mpi``, which makes ipengine import mpi4py for its rank;
     JAX needs no MPI and ``launch_rank`` reads the rank from the environment, so it is dropped.
 
-    With ``--jaxcluster-fork=N`` this process imports all that once and forks N engines
-    (``forking.py``; the local launcher's way).
+    With ``--jaxcluster-fork`` this process imports all that once and forks the host's
+    engines when the notebook asks (``forking.py``: how local and ssh engines start, one such
+    process per host).
     """
     _take_host_name()
     # ipykernel leaves C-level output uncaptured under pytest, and an engine started from a
@@ -32,7 +33,8 @@ def main() -> None:
     os.environ.pop("PYTEST_CURRENT_TEST", None)
     if "--mpi" in sys.argv:
         sys.argv.remove("--mpi")
-    fork_count, fork_dir = forking.take_fork_args()
+    # the engines' variables arrive on stdin, and JAX reads some of them as it is imported
+    channel = forking.begin() if forking.take_fork_arg() else None
     with contextlib.suppress(Exception):  # see above
         import jax  # noqa: F401
     _import_the_kernel_without_its_debugger()
@@ -43,11 +45,25 @@ def main() -> None:
     sys.argv.append("--HistoryManager.hist_file=:memory:")
     from ipyparallel.engine.app import main as engine_main
 
-    if fork_count:
-        import ipyparallel.engine.kernel  # noqa: F401 - what an engine imports as it starts
-
-        forking.fork_engines(fork_count, fork_dir)  # returns in each engine
+    if channel is not None:
+        _import_what_every_engine_needs()
+        forking.serve(channel)  # returns in each engine
     engine_main()
+
+
+def _import_what_every_engine_needs() -> None:
+    """Once, before the engines are forked, instead of in each: ipyparallel's kernel, this
+    package's engine side, and the versions every engine reports (a scan of every installed
+    distribution, 0.1 s of CPU)."""
+    import importlib
+
+    import ipyparallel.engine.kernel  # noqa: F401
+
+    from .. import engine
+
+    for name in engine.__all__:
+        importlib.import_module(f"{engine.__name__}.{name}")
+    engine.process.versions()
 
 
 def _import_the_kernel_without_its_debugger() -> None:

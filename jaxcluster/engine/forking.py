@@ -1,108 +1,236 @@
-"""Local engines forked from one process that imported JAX and the engine's stack once.
+"""A host's engines, forked from one process that imported JAX and the engine's stack once.
 
 Importing jax, IPython, ipykernel and ipyparallel costs every engine more than a second of CPU;
-64 engines on 2 cores spent most of a start doing it. One process (run by
-``forked_engines.ForkedEngineSetLauncher``) imports them and forks the engines, which share the
-imported pages until they write them. Nothing here starts a thread or a backend: JAX picks its
-backend in each engine, after the fork.
+64 engines on 2 cores spent most of a start doing it. One process per host (started by
+``cluster/host_sessions.py``: directly on the notebook's machine, over one ssh session on any
+other host) imports them while the controller starts, then forks that host's engines, which
+share the imported pages until they write them. It stays for the cluster's life: a restart
+forks fresh engines from it, without another import. Nothing here starts a thread or a
+backend: JAX picks its backend in each engine, after the fork.
 
-The forking process reports to the notebook through files in its directory:
+The forking process talks to the notebook over its own stdin and stdout only, never through a
+file or a pid the notebook would have to read or signal on this host (JSON, one message a line):
 
-- ``engines.json``: the engines' pids, once all are forked;
-- ``PID.out``: an engine's stdout and stderr;
-- ``PID.exit``: an engine's exit code (negative: the signal), written before the engine is
-  reaped, so that it exists once its pid is gone.
+- in: first ``{"environment": {...}}`` (what JAX reads as it is imported), then
+  ``{"fork": {"count": N, "environment": {...}}}`` (the controller's connection, the cluster's
+  key among it: never on a command line), and ``{"signal": S, "pid": P}`` for one engine;
+- out: ``{"reached": {"pid": P, "host": NAME}}`` once Python runs, ``{"forked": [P, ...]}``,
+  and ``{"ended": P, "code": C, "output": TEXT}`` as each engine ends (C negative: the signal;
+  TEXT: the end of the engine's own stdout and stderr, kept in an unlinked file of this host).
 
-Engines die with the forking process (``PR_SET_PDEATHSIG``); it ends when its last engine has.
+The end of its stdin means the notebook is gone (the cluster stopped, the notebook killed, or
+its ssh session lost): every engine is killed, and the process exits. Engines die with it
+(``PR_SET_PDEATHSIG``), so nothing outlives the notebook on any host.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import json
 import os
+import selectors
 import signal
+import socket
 import sys
+import tempfile
+from typing import IO, Any
 
-FORK_ARG = "--jaxcluster-fork="  # how many engines
-FORK_DIR_ARG = "--jaxcluster-fork-dir="
-PIDS_FILE = "engines.json"
+FORK_ARG = "--jaxcluster-fork"  # this process forks the host's engines
+OUTPUT_TAIL_BYTES = 16_384  # of an engine's own output, sent when it ends
 _PR_SET_PDEATHSIG = 1
 
 
-def take_fork_args() -> tuple[int, str]:
-    """Remove our fork options from the arguments: (engines to fork, directory), or (0, "")."""
-    count, directory = 0, ""
-    for arg in list(sys.argv):
-        if arg.startswith(FORK_ARG):
-            count = int(arg[len(FORK_ARG):])
-        elif arg.startswith(FORK_DIR_ARG):
-            directory = arg[len(FORK_DIR_ARG):]
-        else:
-            continue
-        sys.argv.remove(arg)
-    return count, directory
+def take_fork_arg() -> bool:
+    """Remove our fork option from the arguments: whether it was there."""
+    if FORK_ARG not in sys.argv:
+        return False
+    sys.argv.remove(FORK_ARG)
+    return True
 
 
-def fork_engines(count: int, directory: str) -> None:
-    """Fork ``count`` engines. Returns only in an engine; the forking process waits for its
-    engines, records how each ended, and exits when none is left."""
-    parent = os.getpid()
-    sys.stdout.flush()
-    sys.stderr.flush()  # or each engine would write what the parent had buffered again
-    pids = []
-    for _ in range(count):
-        pid = os.fork()
-        if pid == 0:
-            _become_engine(parent, directory)
-            return
-        pids.append(pid)
-    _write_atomically(os.path.join(directory, PIDS_FILE), json.dumps(pids))
-    _reap(directory)
+class Channel:
+    """The notebook's end: JSON lines in on stdin, out on a private copy of stdout (the real
+    stdout then goes to stderr, so that nothing printed by an import garbles a report)."""
+
+    def __init__(self) -> None:
+        self._out = os.fdopen(os.dup(1), "w", encoding="utf-8")
+        os.dup2(2, 1)
+        self._pending = b""
+        self._messages: list[dict[str, Any]] = []  # read, not yet taken
+        self.closed = False
+
+    def send(self, message: dict[str, Any]) -> bool:
+        """Report ``message``; False when nobody listens any more."""
+        try:
+            self._out.write(json.dumps(message) + "\n")
+            self._out.flush()
+        except (BrokenPipeError, ValueError):  # ValueError: closed after an earlier failure
+            return False
+        return True
+
+    def receive(self, block: bool) -> list[dict[str, Any]]:
+        """The complete messages on stdin, those read before first (``block``: wait for at
+        least one, or its end); ``closed`` once stdin has ended."""
+        while not self._messages and not self.closed:
+            chunk = os.read(0, 65_536)
+            if not chunk:
+                self.closed = True
+            *lines, self._pending = (self._pending + chunk).split(b"\n")
+            self._messages.extend(json.loads(line) for line in lines if line.strip())
+            if not block:
+                break
+        messages, self._messages = self._messages, []
+        return messages
+
+    def receive_one(self) -> dict[str, Any]:
+        """The next message (waiting for it), the others kept for ``receive``; {} at the end."""
+        messages = self.receive(block=True)
+        self._messages = messages[1:] + self._messages
+        return messages[0] if messages else {}
+
+    @property
+    def waiting(self) -> bool:
+        """Whether messages were read but not taken yet (select would not wake for them)."""
+        return bool(self._messages)
+
+    def close_in_engine(self) -> None:
+        """An engine keeps neither end: what it prints goes to its own file, and it reads no
+        stdin (``stdin.py`` asks the notebook)."""
+        os.close(self._out.fileno())
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.close(null)
+
+
+def begin() -> Channel:
+    """The forking process's first step, before JAX is imported: take the variables JAX reads
+    at import, and say that this host has been reached."""
+    channel = Channel()
+    # only the first: a slow host may find the request to fork already behind it
+    _take_environment(channel.receive_one().get("environment", {}))
+    channel.send({"reached": {"pid": os.getpid(), "host": socket.gethostname()}})
+    return channel
+
+
+def _take_environment(environment: dict[str, str]) -> None:
+    os.environ.update(environment)
+    # Python read PYTHONPATH as it started, before it had this; where it would have put it
+    sys.path[1:1] = [p for p in environment.get("PYTHONPATH", "").split(os.pathsep) if p]
+
+
+def serve(channel: Channel) -> None:
+    """Fork engines whenever the notebook asks, and watch them. Returns only in a new engine;
+    the forking process exits once the notebook is gone and its engines are reaped."""
+    if Supervisor(channel).run():
+        return
     sys.exit(0)
 
 
-def exit_file(directory: str, pid: int) -> str:
-    return os.path.join(directory, f"{pid}.exit")
+class Supervisor:
+    """The forking process's loop: the notebook's requests on stdin, its engines' ends
+    (SIGCHLD, through a wakeup pipe), one thread."""
+
+    def __init__(self, channel: Channel) -> None:
+        self.channel = channel
+        self.outputs: dict[int, IO[bytes]] = {}  # live engine -> its output file
+        self.wake_read, self.wake_write = os.pipe()
+        os.set_blocking(self.wake_write, False)
+        signal.set_wakeup_fd(self.wake_write)
+        signal.signal(signal.SIGCHLD, lambda *_: None)
+        self.selector = selectors.DefaultSelector()
+        self.selector.register(0, selectors.EVENT_READ)
+        self.selector.register(self.wake_read, selectors.EVENT_READ)
+
+    def run(self) -> bool:
+        """True in a freshly forked engine; False once everything has ended."""
+        while True:
+            self._reap()
+            if self.channel.closed and not self.outputs:
+                return False
+            ready = [] if self.channel.waiting else self.selector.select()
+            if any(key.fd == self.wake_read for key, _ in ready):
+                os.read(self.wake_read, 4096)
+            if self.channel.waiting or any(key.fd == 0 for key, _ in ready):
+                for message in self.channel.receive(block=False):
+                    if "fork" in message and self._fork(**message["fork"]):
+                        return True
+                    if message.get("pid") in self.outputs:  # ours and not reaped: no other
+                        os.kill(message["pid"], int(message["signal"]))
+                if self.channel.closed:
+                    self.selector.unregister(0)
+                    self._kill()
+
+    def _fork(self, count: int, environment: dict[str, str]) -> bool:
+        _take_environment(environment)
+        sys.stdout.flush()
+        sys.stderr.flush()  # or each engine would write what the parent had buffered again
+        parent, forked = os.getpid(), []
+        for _ in range(count):
+            # unlinked: nothing stays in this host's /tmp, whoever ends first
+            output = tempfile.TemporaryFile(prefix="jaxcluster-engine-")  # noqa: SIM115 - kept
+            pid = os.fork()
+            if pid == 0:
+                self._become_engine(parent, output)
+                return True
+            self.outputs[pid] = output
+            forked.append(pid)
+        if not self.channel.send({"forked": forked}):
+            self._kill()  # the notebook went away meanwhile
+        return False
+
+    def _become_engine(self, parent: int, output: IO[bytes]) -> None:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() != parent:  # the parent died before the line above
+            os._exit(1)
+        signal.set_wakeup_fd(-1)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        self.selector.close()
+        for fd in (self.wake_read, self.wake_write):
+            os.close(fd)
+        for sibling in self.outputs.values():  # earlier engines' files are theirs
+            sibling.close()
+        self.channel.close_in_engine()
+        os.dup2(output.fileno(), 1)
+        os.dup2(output.fileno(), 2)
+        output.close()
+        numpy = sys.modules.get("numpy")
+        if numpy is not None:
+            # numpy's global generator was seeded once, in the parent: without this every
+            # process would draw the same "random" numbers (Python's random reseeds by itself)
+            numpy.random.seed()
+
+    def _reap(self) -> None:
+        while self.outputs:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            output = self.outputs.pop(pid, None)
+            if output is None:
+                continue
+            self.channel.send({"ended": pid, "code": _exit_code(status),
+                               "output": _tail(output)})
+            output.close()
+
+    def _kill(self) -> None:
+        for pid in self.outputs:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
 
 
-def output_file(directory: str, pid: int) -> str:
-    return os.path.join(directory, f"{pid}.out")
+def _exit_code(status: int) -> int:
+    """Negative: the signal that ended it, as ipyparallel's local launchers report it."""
+    if os.WIFSIGNALED(status):
+        return -os.WTERMSIG(status)
+    return os.WEXITSTATUS(status)
 
 
-def _become_engine(parent: int, directory: str) -> None:
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    if os.getppid() != parent:  # the parent died before the line above
-        os._exit(1)
-    flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND
-    out = os.open(output_file(directory, os.getpid()), flags, 0o600)
-    os.dup2(out, 1)
-    os.dup2(out, 2)
-    os.close(out)
-    numpy = sys.modules.get("numpy")
-    if numpy is not None:
-        # numpy's global generator was seeded once, in the parent: without this every
-        # process would draw the same "random" numbers (Python's random reseeds by itself)
-        numpy.random.seed()
-
-
-def _reap(directory: str) -> None:
-    while True:
-        try:
-            # WNOWAIT: the exit file is written while the engine's pid still exists
-            ended = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOWAIT)
-        except ChildProcessError:
-            return
-        if ended is None:
-            continue
-        code = ended.si_status if ended.si_code == os.CLD_EXITED else -ended.si_status
-        _write_atomically(exit_file(directory, ended.si_pid), str(code))
-        os.waitpid(ended.si_pid, 0)
-
-
-def _write_atomically(path: str, text: str) -> None:
-    partial = f"{path}.partial"
-    with open(partial, "w") as f:
-        f.write(text)
-    os.replace(partial, path)
+def _tail(output: IO[bytes]) -> str:
+    size = os.fstat(output.fileno()).st_size
+    start = max(0, size - OUTPUT_TAIL_BYTES)
+    text = os.pread(output.fileno(), size - start, start).decode("utf-8", "replace")
+    return text if start == 0 else text.partition("\n")[2]  # from a line's start

@@ -7,11 +7,13 @@ import this module from the same installation; keep it free of client state.
 from __future__ import annotations
 
 import contextlib
+import functools
 import ipaddress
 import os
 import re
 import socket
 import sys
+import time
 from typing import Any
 
 from .topology import scheduler_topology
@@ -19,10 +21,10 @@ from .topology import scheduler_topology
 # Where MPI implementations and Slurm put a process's rank; MPI's first, because mpiexec run
 # inside a Slurm job leaves the job's own SLURM_PROCID in every rank's environment.
 RANK_VARIABLES = ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID")
+COORDINATOR_POLL_SECONDS = 0.01
 
 # the GPUs ``initialize`` gave this process, if it gave any: what a script's local_device_ids
 # must name to agree with the running cluster
-_GPUS: list[int] | None = None
 
 
 def identity(toward: str | None = None) -> dict[str, Any]:
@@ -45,6 +47,7 @@ def identity(toward: str | None = None) -> dict[str, Any]:
 VERSIONED = re.compile(r"^(jax|jaxlib|jaxcluster|jax[-_].*(plugin|pjrt).*|libtpu.*)$")
 
 
+@functools.cache  # what is installed stays for a process's life; forked engines inherit it
 def versions() -> dict[str, str]:
     """Python's version and those of the installed distributions that must match across the
     processes (``VERSIONED``), as this process finds them."""
@@ -167,6 +170,8 @@ def initialize(
     import jax
 
     _enable_cross_host_transfers(address or "127.0.0.1")
+    if process_id != 0:
+        _wait_for_coordinator(coordinator, timeout)
     jax.distributed.initialize(
         coordinator_address=coordinator,
         num_processes=num_processes,
@@ -177,9 +182,7 @@ def initialize(
     )
     if address:
         _cpu_collectives_listen_on(address)
-    global _GPUS
-    _GPUS = gpus
-    inbox = _install_hooks(inbox_dir, address)
+    inbox = _install_hooks(inbox_dir, address, gpus)
     try:
         return {**describe_jax(), "inbox": inbox}
     except Exception as e:
@@ -195,6 +198,20 @@ def initialize(
             "platform is installed here (for NVIDIA GPUs: pip install 'jax[cuda12]') and that "
             f"its devices are visible, or choose another --platform.{share}"
         ) from e
+
+
+def _wait_for_coordinator(coordinator: str, timeout: float) -> None:
+    """Until process 0's coordination service accepts connections (or ``timeout``, when JAX
+    reports what it finds). A client that JAX starts before the service listens retries only
+    after gRPC's reconnect backoff, a whole second: every start paid it."""
+    host, _, port = coordinator.rpartition(":")
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection((host.strip("[]"), int(port)), timeout=1).close()
+            return
+        except OSError:
+            time.sleep(COORDINATOR_POLL_SECONDS)
 
 
 def _enable_cross_host_transfers(address: str) -> None:
@@ -291,14 +308,16 @@ def jax_state() -> dict | None:
     return describe_jax()
 
 
-def _install_hooks(inbox_dir: str | None = None, address: str | None = None) -> str | None:
+def _install_hooks(
+    inbox_dir: str | None = None, address: str | None = None, gpus: list[int] | None = None
+) -> str | None:
     """gloo's chatter kept off fds 1 and 2, the sharding display, the notebook's cell numbers,
     global arrays' values in printouts and their numbers read from the owners (served on
     ``address``), the dispatch record that tells a hang from slow work, the back channel that
     reports it, stdin asked of the notebook, the inbox of a notebook on this host (in
-    ``inbox_dir``; its path is returned), and forgetting what a push replaced once the next
-    cell runs."""
-    from . import backchannel, cells, chatter, data, dispatch, inbox, reads, stdin, values
+    ``inbox_dir``; its path is returned), forgetting what a push replaced once the next
+    cell runs, and a script's own ``jax.distributed.initialize`` (``gpus``: this process's)."""
+    from . import backchannel, cells, chatter, data, dispatch, inbox, reads, scripts, stdin, values
     from .sharding import install as install_sharding_display
 
     chatter.install()
@@ -311,7 +330,7 @@ def _install_hooks(inbox_dir: str | None = None, address: str | None = None) -> 
     backchannel.install()
     stdin.install()
     data.install()
-    _absorb_scripts_initialize()
+    scripts.install(gpus)
     return inbox.open_inbox(inbox_dir) if inbox_dir else None
 
 
@@ -342,98 +361,3 @@ def _address_towards(target: str) -> str:
         s.connect((socket.gethostbyname(host), 9))  # UDP: picks the route, sends nothing
         return str(s.getsockname()[0])
     return "127.0.0.1"
-
-
-def _absorb_scripts_initialize() -> None:
-    """Let a script's own ``jax.distributed.initialize(...)`` run unchanged in a cell.
-
-    JAX's scripts begin with it; on a running cluster JAX would fail with a misleading
-    message. A call that agrees with the cluster (or names nothing) becomes a note; one that
-    conflicts says which argument and why. Patched once: ``jax.distributed`` is read at call
-    time, so ``from jax.distributed import initialize`` after this gets it too.
-    """
-    import jax
-
-    if getattr(jax.distributed.initialize, "_jaxcluster", False):
-        return
-
-    def initialize(
-        coordinator_address: str | None = None,
-        num_processes: int | None = None,
-        process_id: int | None = None,
-        local_device_ids: int | list[int] | None = None,
-        *args: Any,
-        **kwargs: Any,
-    ) -> None:
-        conflict = script_initialize_conflict(coordinator_address, num_processes, process_id,
-                                              local_device_ids)
-        if conflict:
-            raise RuntimeError(
-                f"jax.distributed.initialize({conflict[0]}) conflicts with the running cluster: "
-                f"{conflict[1]}. jaxcluster already initialized jax.distributed on every "
-                "process; drop the call or its arguments, or restart the cluster with the "
-                "settings you want (%jax_cluster start --nodes N ...)."
-            )
-        print(f"jax.distributed is already initialized by jaxcluster: "
-              f"{jax.process_count()} processes")
-
-    initialize._jaxcluster = True  # type: ignore[attr-defined]
-    initialize.__doc__ = _absorb_scripts_initialize.__doc__
-    jax.distributed.initialize = initialize  # type: ignore[assignment]
-
-
-def script_initialize_conflict(
-    coordinator_address: str | None,
-    num_processes: int | None,
-    process_id: int | None,
-    local_device_ids: int | list[int] | None,
-) -> tuple[str, str] | None:
-    """The first argument of a script's ``jax.distributed.initialize`` that disagrees with this
-    process's place in the running cluster, as (``name=value``, why), or None."""
-    import jax
-    from jax._src.distributed import global_state
-
-    if num_processes is not None and num_processes != jax.process_count():
-        return (f"num_processes={num_processes}",
-                f"it runs {jax.process_count()} processes")
-    if process_id is not None and process_id != jax.process_index():
-        return (f"process_id={process_id}",
-                f"this is process {jax.process_index()} (each process's index is "
-                "jax.process_index(); launch order decides it)")
-    ours = global_state.coordinator_address
-    if coordinator_address is not None and ours and not _same_endpoint(coordinator_address, ours):
-        return (f"coordinator_address={coordinator_address!r}",
-                f"its coordinator is {ours}")
-    if local_device_ids is not None:
-        wanted = [local_device_ids] if isinstance(local_device_ids, int) else list(local_device_ids)
-        local = jax.local_devices()
-        have = _GPUS if _GPUS is not None else [d.local_hardware_id for d in local]
-        if sorted(wanted) != sorted(have) and sorted(wanted) != sorted(d.id for d in local):
-            return (f"local_device_ids={wanted}",
-                    f"this process was given devices {have}")
-    return None
-
-
-def _same_endpoint(given: str, ours: str) -> bool:
-    """Whether two ``host:port`` strings name the same endpoint (``localhost`` and
-    ``127.0.0.1`` alike, a name and its address alike)."""
-    given_host, _, given_port = given.rpartition(":")
-    our_host, _, our_port = ours.rpartition(":")
-    if given_port != our_port:
-        return False
-    if given_host.strip("[]") == our_host.strip("[]"):
-        return True
-    try:
-        resolved = {str(ai[4][0]) for ai in socket.getaddrinfo(given_host.strip("[]"), None)}
-        mine = {str(ai[4][0]) for ai in socket.getaddrinfo(our_host.strip("[]"), None)}
-    except OSError:
-        return False
-    return bool(resolved & mine) or all(_is_loopback(a) for a in resolved | mine)
-
-
-def _is_loopback(address: str) -> bool:
-    try:
-        return ipaddress.ip_address(address.split("%")[0]).is_loopback
-    except ValueError:
-        return False
-

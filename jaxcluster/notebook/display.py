@@ -37,7 +37,8 @@ def show(text: str, html: str | None = None) -> None:
 
 
 class StartProgress:
-    """Progress of ``start``/``restart``: 'engines registered k/N', 'JAX initialized k/N'.
+    """Progress of ``start``/``restart``: 'hosts reached k/H · waiting for h3', 'engines
+    registered k/N', 'JAX initialized k/N'.
 
     In a notebook a widget updates in place and is finally replaced by the summary line, so a
     saved notebook holds the summary, not a dead widget.
@@ -56,8 +57,8 @@ class StartProgress:
             self._widget = w.HBox([self._label, self._bar])
             self._handle = display(self._widget, display_id=True)
 
-    def __call__(self, stage: str, done: int, total: int) -> None:
-        text = f"{self.title}: {stage} {done}/{total}"
+    def __call__(self, stage: str, done: int, total: int, detail: str = "") -> None:
+        text = f"{self.title}: {stage} {done}/{total}" + (f" · {detail}" if detail else "")
         if self._widget is not None:
             self._bar.max = max(total, 1)
             self._bar.value = done

@@ -69,8 +69,8 @@ class _AutoStart:
         self._thread = threading.Thread(target=self._run, name="jaxcluster-autostart", daemon=True)
         self._thread.start()
 
-    def _progress(self, stage: str, done: int, total: int) -> None:
-        self.stage = f"{stage} {done}/{total}"
+    def _progress(self, stage: str, done: int, total: int, detail: str = "") -> None:
+        self.stage = f"{stage} {done}/{total}" + (f" · {detail}" if detail else "")
 
     def _run(self) -> None:
         try:

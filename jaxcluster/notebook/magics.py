@@ -292,9 +292,9 @@ class JaxClusterMagics(ClusterMagicsBase):
                 return
             failed = cell_render.status_line(planned["result"]).split(" Restarting")[0]
 
-            def progress(stage: str, done: int, total: int) -> None:
-                live.update(f"{failed} Restarting the cluster: {stage} {done}/{total}",
-                            outputs(planned["result"]))
+            def progress(stage: str, done: int, total: int, detail: str = "") -> None:
+                live.update(f"{failed} Restarting the cluster: {stage} {done}/{total}"
+                            + (f" · {detail}" if detail else ""), outputs(planned["result"]))
 
             cluster.restart(progress=progress)
 

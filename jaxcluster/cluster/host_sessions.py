@@ -1,0 +1,273 @@
+"""The line to each host's forking process (``engine/forking.py``): one child of this process
+per host, the process itself on this machine, an ssh client elsewhere.
+
+The lines are opened with the cluster, before its controller, so that every host imports JAX
+while the controller starts, and kept across restarts, so that a restart forks fresh engines
+from processes that have JAX imported already. Everything about a host's engines travels
+over its line: their environment, their pids, signals, how each ended. Closing a line (the
+cluster stopped, or this process died) makes its forking process kill its engines and exit.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import json
+import os
+import shlex
+import subprocess
+import tempfile
+import threading
+from dataclasses import dataclass, field
+from typing import IO, Any
+
+from ..contracts import Progress
+from ..engine.forking import FORK_ARG
+from ..errors import JaxClusterError
+from .hosts import HOST_ARG, ssh_destination, ssh_failure
+
+CLOSE_SECONDS = 10  # for a forking process to end once its line is closed
+SHOWN_WAITING = 3  # hosts named in a progress line as still awaited
+
+# (exit code or None, its output): how an engine ended
+Ended = tuple[int | None, str]
+
+
+@dataclass
+class ForkPlan:
+    """What the forking processes run: each host's engines (``""``: this machine)."""
+
+    hosts: dict[str, int]
+    engine_command: list[str]  # python -m jaxcluster.engine [engine options]
+    ssh_command: list[str] = field(default_factory=lambda: ["ssh"])  # with its options
+    environment: dict[str, str] = field(default_factory=dict)  # the engines' (engine_env, JAX)
+
+    def command(self, host: str) -> list[str]:
+        forking = [*self.engine_command, FORK_ARG]
+        if not host:
+            return forking
+        user, name, port = ssh_destination(host)
+        # the same Python at the same path on every host; "exec": no shell stays between; the
+        # host learns the name it was started under, by which processes are ordered and named
+        remote = "exec " + shlex.join([*forking, f"{HOST_ARG}{host}"])
+        return [*self.ssh_command, *(["-p", port] if port else []),
+                f"{user}@{name}" if user else name, remote]
+
+
+class HostSession:
+    """One host's line. Its reader thread settles futures, so that any thread or event loop
+    can wait on a fork, an engine's end or the line's end."""
+
+    def __init__(self, host: str, command: list[str], on_reached: Any = None) -> None:
+        self.host = host
+        self.command = command
+        self.reached = False
+        self._served = False
+        self.ended: concurrent.futures.Future[int] = concurrent.futures.Future()
+        self._on_reached = on_reached
+        self._lock = threading.Lock()
+        self._errors_lock = threading.Lock()
+        self._fork: concurrent.futures.Future[list[int]] | None = None
+        self._exits: dict[int, concurrent.futures.Future[Ended]] = {}
+        # what it and ssh write to stderr; unlinked, read when something failed
+        self._errors: IO[bytes] = tempfile.TemporaryFile(  # noqa: SIM115 - kept open
+            prefix="jaxcluster-session-")
+        self._process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def pid(self) -> int:
+        """This machine's pid of the line: the forking process here, the ssh client else."""
+        return self._process.pid if self._process else -1
+
+    @property
+    def served(self) -> bool:
+        """Whether its forking process has forked engines at all (it lives on between)."""
+        return self._served
+
+    @property
+    def forked(self) -> bool:
+        fork = self._fork
+        return fork is not None and fork.done() and not fork.cancelled() and not fork.exception()
+
+    def start(self, local_environment: dict[str, str], environment: dict[str, str]) -> None:
+        self._process = subprocess.Popen(
+            self.command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._errors,
+            env={**os.environ, **local_environment},
+            start_new_session=True,  # the kernel's stop button (SIGINT to its group) is not for it
+        )
+        self.send({"environment": environment})
+        threading.Thread(target=self._read, name=f"jaxcluster-line-{self.host or 'local'}",
+                         daemon=True).start()
+
+    def fork(self, count: int, environment: dict[str, str]) -> concurrent.futures.Future[
+            list[int]]:
+        """Ask for ``count`` engines: their pids once forked (an error if the line ends)."""
+        with self._lock:
+            self._fork = concurrent.futures.Future()
+            fork = self._fork
+            if self.ended.done():
+                fork.set_exception(JaxClusterError(self._failure(self.ended.result())))
+                return fork
+        self.send({"fork": {"count": count, "environment": environment}})
+        return fork
+
+    def exit_of(self, pid: int) -> concurrent.futures.Future[Ended]:
+        """How the engine ``pid`` of this host ends."""
+        with self._lock:
+            return self._exits.setdefault(pid, concurrent.futures.Future())
+
+    def send(self, message: dict[str, Any]) -> None:
+        process = self._process
+        if process is None or process.stdin is None:
+            return
+        with self._lock:
+            try:
+                process.stdin.write(json.dumps(message).encode() + b"\n")
+                process.stdin.flush()
+            except (OSError, ValueError):  # it has ended: _read reports how
+                pass
+
+    def close(self) -> None:
+        """End its stdin: the forking process kills its engines and exits."""
+        with self._lock:
+            if self._process is not None and self._process.stdin is not None:
+                with contextlib.suppress(OSError):
+                    self._process.stdin.close()
+
+    def kill(self) -> None:
+        if self._process is not None and self._process.poll() is None:
+            self._process.kill()
+
+    def errors(self) -> str:
+        """The last lines the forking process (and ssh) wrote to stderr."""
+        with self._errors_lock:
+            self._errors.seek(0)
+            lines = self._errors.read().decode("utf-8", "replace").strip().splitlines()
+        return "\n".join(lines[-40:])
+
+    def _read(self) -> None:
+        process = self._process
+        assert process is not None and process.stdout is not None
+        for line in process.stdout:
+            with contextlib.suppress(ValueError):  # the line carries our messages only
+                self._heard(json.loads(line))
+        code = process.wait()
+        where = f" on {self.host}" if self.host else ""
+        with self._lock:
+            fork, exits = self._fork, list(self._exits.values())
+        for engine in exits:  # killed with the process that forked them (PR_SET_PDEATHSIG)
+            _settle(engine, (None, f"the process that forked this engine{where} ended (exit "
+                                 f"code {code}):\n{self.errors()}"))
+        if fork is not None and not fork.done():
+            fork.set_exception(JaxClusterError(self._failure(code)))
+        self.ended.set_result(code)
+
+    def _heard(self, message: dict[str, Any]) -> None:
+        if "reached" in message:
+            self.reached = True
+            if self._on_reached is not None:
+                self._on_reached()
+        elif "forked" in message:
+            pids = [int(pid) for pid in message["forked"]]
+            self._served = True
+            for pid in pids:
+                self.exit_of(pid)
+            if self._fork is not None:
+                _settle(self._fork, pids)
+        elif "ended" in message:
+            _settle(self.exit_of(int(message["ended"])),
+                    (message.get("code"), message.get("output", "")))
+
+    def _failure(self, code: int) -> str:
+        """Why this line ended before its engines were forked, in one paragraph."""
+        said = self.errors()
+        if self.host:
+            return (f"Could not start the engines on {self.host} over ssh: "
+                    f"{ssh_failure(code, said, self.reached)}")
+        return ("Could not start the engines: the process that imports JAX and forks the "
+                f"engines exited (exit code {code}) "
+                "before it forked them: the engines' Python environment (engine_env, "
+                f"PYTHONPATH) cannot import what an engine needs. Its output names what "
+                f"failed:\n{said}")
+
+
+class HostSessions:
+    """The lines of one cluster, by host, opened at once."""
+
+    def __init__(self, plan: ForkPlan, cluster_environment: dict[str, str]) -> None:
+        self.plan = plan
+        # the cluster's id and profile, which name this machine's processes of the cluster
+        self._cluster_environment = cluster_environment
+        self.progress: Progress | None = None  # the current start's; called from the lines
+        self._report_lock = threading.Lock()
+        self.sessions: dict[str, HostSession] = {}
+
+    @property
+    def _engines(self) -> int:
+        return sum(self.plan.hosts.values())
+
+    @property
+    def pids(self) -> list[int]:
+        return [session.pid for session in self.sessions.values()]
+
+    def open(self) -> None:
+        self.report(0, self._engines)
+        for host in self.plan.hosts:
+            self._open(host)
+
+    def current(self, host: str) -> HostSession:
+        """The host's line; a new one where the old one served and has ended since (its
+        forking process died), not where it ended before it ever forked: that fails a start."""
+        session = self.sessions[host]
+        return self._open(host) if session.ended.done() and session.served else session
+
+    def close(self) -> None:
+        """Close every line; kill what has not ended ``CLOSE_SECONDS`` later."""
+        for session in self.sessions.values():
+            session.close()
+        concurrent.futures.wait([s.ended for s in self.sessions.values()], CLOSE_SECONDS)
+        for session in self.sessions.values():
+            session.kill()
+
+    def report(self, started: int, total: int) -> None:
+        """Progress by host: reached, then engines started (forked)."""
+        progress = self.progress
+        hosts = [h for h in self.plan.hosts if h]
+        if progress is None or not hosts:
+            return
+        with self._report_lock:
+            behind = [h for h in hosts if h not in self.sessions or not self.sessions[h].reached]
+            if behind:
+                progress("hosts reached", len(hosts) - len(behind), len(hosts),
+                         waiting(behind))
+            else:
+                progress("engines started", started, total,
+                         waiting([h for h in hosts if not self.sessions[h].forked]))
+
+    def late(self, seconds: float) -> str:
+        """The hosts that did not fork their engines in time, and where each stands."""
+        behind = [f"{h} ({'importing JAX' if s.reached else 'not reached over ssh'})"
+                  for h, s in self.sessions.items() if not s.forked]
+        return (f"Could not start the engines: {', '.join(behind)} did not fork them within "
+                f"{seconds:g} s. The hosts may be overloaded: raise --timeout.")
+
+    def _open(self, host: str) -> HostSession:
+        session = self.sessions[host] = HostSession(
+            host, self.plan.command(host), lambda: self.report(0, self._engines))
+        session.start(self._cluster_environment,
+                      {**self.plan.environment, **self._cluster_environment})
+        return session
+
+
+def waiting(hosts: list[str]) -> str:
+    """``waiting for h1, h2, h3 and 5 more``."""
+    if not hosts:
+        return ""
+    shown = ", ".join(hosts[:SHOWN_WAITING])
+    more = f" and {len(hosts) - SHOWN_WAITING} more" if len(hosts) > SHOWN_WAITING else ""
+    return f"waiting for {shown}{more}"
+
+
+def _settle(future: concurrent.futures.Future[Any], value: Any) -> None:
+    with contextlib.suppress(concurrent.futures.InvalidStateError):
+        future.set_result(value)
