@@ -188,3 +188,18 @@ def _cannot_import(hosts: NamespaceHosts) -> None:
     assert hosts.address(h1) not in message
     assert wait_until_hosts_are_empty(hosts, 30) == {}
     assert wait_until_gone([p.pid for p in cluster_processes(cluster.cluster_id)], 30) == []
+
+
+def test_a_profile_the_hosts_lack_is_one_of_their_own_until_the_cluster_stops(tmp_path):
+    # the notebook's IPython profile in its own /tmp: each host has a /tmp of its own
+    with hosts_or_skip([2]) as hosts:
+        h1, h2 = hosts.networks[0].namespaces
+        cluster = JaxCluster(nodes=2, timeout=60, profile_dir=str(tmp_path / "profile"),
+                             **ssh_options(hosts, [h1, h2]))
+        with cluster:
+            assert cluster.run("x = 1").check()
+            made = on_host(hosts, h2, "ls -d /tmp/jaxcluster-profile-*")
+            assert made.returncode == 0, made.stderr
+        assert wait_until_hosts_are_empty(hosts, 30) == {}
+        for host in (h1, h2):
+            assert on_host(hosts, host, "ls -d /tmp/jaxcluster-profile-*").returncode != 0

@@ -17,13 +17,14 @@ import subprocess
 import time
 import weakref
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import ipyparallel as ipp
 
 from ..contracts import Progress
 from ..engine import process as _engine
 from ..errors import JaxClusterError
+from ..render.labels import awaited
 from . import engine_sets, watchdog
 from .event_loop import LoopThread
 from .host_sessions import HostSessions
@@ -147,14 +148,24 @@ def start_controller(
     )
 
 
+@dataclass
+class Registered:
+    """A start's engines, once all have registered, and where each runs: asked of each as it
+    registered (an ``AsyncResult`` of ``engine.process.identity``), so that the question is
+    not one more round trip after the last one."""
+
+    engine_ids: list[int]  # in registration order
+    identities: dict[int, Any]
+
+
 def start_engines(
     launched: Launched,
     options: ClusterOptions,
     loop: LoopThread,
     progress: Progress | None,
     deadline: float,
-) -> list[int]:
-    """Start the engines; their ids, in registration order, once all have registered."""
+) -> Registered:
+    """Start the engines; done once all have registered."""
     cluster, client = launched.ipp_cluster, launched.client
     assert client is not None
     known = set(client.ids)
@@ -210,40 +221,67 @@ def _registered(
     options: ClusterOptions,
     progress: Progress | None,
     deadline: float,
-) -> list[int]:
-    """The new engines' ids once ``options.nodes`` have registered; fail fast on ended ones."""
+) -> Registered:
+    """The new engines once ``options.nodes`` have registered; fail fast on ended ones.
+    Progress names the hosts still short of engines, by the identities answered so far."""
     client = launched.client
     assert client is not None
     ended = engine_sets.any_engine_ends(launched.ipp_cluster)
-    reported = -1
+    asked: dict[int, Any] = {}
+    expected = _expected(options) if options.hosts else {}
+    reported: tuple[int, str] | None = None
+    one_more: concurrent.futures.Future[None] | None = None
     while True:
         ids = set(client.ids)  # one snapshot: the wait below is for one more than these
         new = sorted(ids - known)
-        if progress and len(new) != reported:
-            reported = len(new)
-            progress("engines registered", min(len(new), options.nodes), options.nodes)
+        for eid in new:
+            if eid not in asked:
+                asked[eid] = client[eid].apply_async(_engine.identity, launched.controller_ip)
+        report = (min(len(new), options.nodes), awaited(_hosts_behind(asked, expected)))
+        if progress and report != reported:
+            reported = report
+            progress("engines registered", report[0], options.nodes, report[1])
         if len(new) >= options.nodes:
-            return new[: options.nodes]
+            chosen = new[: options.nodes]
+            return Registered(chosen, {eid: asked[eid] for eid in chosen})
         if ended.done():
             _raise_exited(launched, options)
             # a set that ended without a record of its engines (a batch job): wait it out
             ended = concurrent.futures.Future()
         left = deadline - time.monotonic()
         if left <= 0:
-            _raise_short(launched, new, options)
+            _raise_short(launched, new, asked, options)
         # one more engine (an old one unregistering after a restart also wakes this); counted
         # from the snapshot, so one registering meanwhile ends the wait at once instead of
-        # leaving it for an engine that never comes until the whole --timeout is gone
-        one_more = client.wait_for_engines(
-            len(ids) + 1, timeout=left, block=False, interactive=False
-        )
-        if len(client.ids) > len(ids):
-            # one registered while ipyparallel set up that wait, which then misses it and
-            # lasts until its timeout (seen: a whole start's 120 s)
-            continue
+        # leaving it for an engine that never comes until the whole --timeout is gone. One
+        # such wait at a time: ipyparallel tells a registration to its waits in a list that
+        # the first one it settles leaves, and the wait behind it never hears
+        if one_more is None or one_more.done():
+            one_more = client.wait_for_engines(
+                len(ids) + 1, timeout=left, block=False, interactive=False
+            )
+            if len(client.ids) > len(ids):
+                # one registered while ipyparallel set up that wait, which then misses it
+                # and lasts until its timeout (seen: a whole start's 120 s)
+                one_more = None
+                continue
+        # on other hosts an answered identity may also name a host that has all its engines
+        answers = [ar for ar in asked.values() if not ar.done()] if expected else []
         concurrent.futures.wait(
-            [one_more, ended], timeout=left, return_when=concurrent.futures.FIRST_COMPLETED
+            [one_more, ended, *answers], timeout=left,
+            return_when=concurrent.futures.FIRST_COMPLETED,
         )
+
+
+def _hosts_behind(asked: dict[int, Any], expected: dict[str, int]) -> list[str]:
+    """The hosts with fewer engines than ``expected`` among those that answered ``asked``."""
+    found: dict[str, int] = {}
+    for ar in asked.values():
+        # an engine that cannot answer counts as missing
+        if ar.done() and ar.exception() is None:
+            host = ar.result()["host"]
+            found[host] = found.get(host, 0) + 1
+    return [host for host, n in expected.items() if found.get(host, 0) < n]
 
 
 def _raise_exited(launched: Launched, options: ClusterOptions) -> None:
@@ -261,8 +299,11 @@ def _raise_exited(launched: Launched, options: ClusterOptions) -> None:
     )
 
 
-def _raise_short(launched: Launched, new: list[int], options: ClusterOptions) -> None:
-    short = _hosts_short_of_engines(launched, new, options)
+def _raise_short(
+    launched: Launched, new: list[int], asked: dict[int, Any], options: ClusterOptions
+) -> None:
+    concurrent.futures.wait([asked[eid] for eid in new], timeout=IDENTIFY_SECONDS)
+    short = _hosts_behind(asked, _expected(options)) if options.hosts else []
     raise JaxClusterError(
         f"Only {len(new)} of {options.nodes} engines registered within {options.timeout:g} s"
         f"{' (missing on ' + ', '.join(short) + ')' if short else ''}. "
@@ -271,23 +312,8 @@ def _raise_short(launched: Launched, new: list[int], options: ClusterOptions) ->
     )
 
 
-def _hosts_short_of_engines(
-    launched: Launched, registered: list[int], options: ClusterOptions
-) -> list[str]:
-    """The hosts with fewer registered engines than asked for, by what those engines say."""
-    client = launched.client
-    if not options.hosts or client is None:
-        return []
-    pending = [client[eid].apply_async(_engine.identity) for eid in registered]
-    concurrent.futures.wait(pending, timeout=IDENTIFY_SECONDS)
-    found: dict[str, int] = {}
-    for ar in pending:
-        # an engine that cannot answer counts as missing
-        if ar.done() and ar.exception() is None:
-            host = ar.result()["host"]
-            found[host] = found.get(host, 0) + 1
-    expected = engines_by_host(options.nodes, options.hosts, options.engines_per_host)
-    return [host for host, n in expected.items() if found.get(host, 0) < n]
+def _expected(options: ClusterOptions) -> dict[str, int]:
+    return engines_by_host(options.nodes, options.hosts, options.engines_per_host)
 
 
 def reach_hint(launched: Launched, options: ClusterOptions) -> str:

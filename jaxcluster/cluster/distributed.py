@@ -46,13 +46,15 @@ def initialize(
     progress: Progress | None = None,
     deadline: float | None = None,
     inbox_dir: str | None = None,
+    asked: dict[int, Any] | None = None,
 ) -> JaxProcesses:
     """``jax.distributed`` on these engines at once; process indices follow launch ranks.
 
     ``deadline`` (``time.monotonic()``): a start's, which every step here ends by, JAX's own
     start-up timeout included. Without one each step may take ``options.timeout``, and a
     margin more for JAX to report its own timeout. ``inbox_dir``: where engines that show they
-    run on this host open their inbox (``engine/inbox.py``).
+    run on this host open their inbox (``engine/inbox.py``). ``asked``: engine id -> the
+    ``AsyncResult`` of its identity, where it was asked already.
     """
 
     def left() -> ClusterOptions:  # options whose timeout is what the deadline leaves
@@ -61,7 +63,8 @@ def initialize(
         return replace(options, timeout=max(deadline - time.monotonic(), 0.001))
 
     margin = MARGIN_SECONDS if deadline is None else 0
-    identities = engine_identities(client, engine_ids, controller_ip, left().timeout, margin)
+    identities = engine_identities(client, engine_ids, controller_ip, left().timeout, margin,
+                                   asked)
     versions.check(identities, options.allow_version_skew)
     # engines started by someone else may carry their scheduler's topology; never ours, whose
     # environment may be the notebook's own (one id for all)
@@ -94,9 +97,10 @@ def initialize(
         )
         for index, eid in enumerate(engine_ids)
     }
+    hosts = {eid: identities[eid]["host"] for eid in engine_ids} if options.hosts else None
     results = gather(
         pending, engine_ids, "initialize jax.distributed", timeout, progress,
-        "JAX initialized", margin,
+        "JAX initialized", margin, hosts,
     )
     return _job(engine_ids, identities, results, options, coordinator)
 
@@ -143,10 +147,13 @@ def engine_identities(
     controller_ip: str | None,
     timeout: float,
     margin: float = MARGIN_SECONDS,
+    asked: dict[int, Any] | None = None,
 ) -> dict[int, dict]:
-    """engine id -> ``engine.process.identity()`` there."""
+    """engine id -> ``engine.process.identity()`` there (``asked``: some already asked)."""
+    asked = asked or {}
     return gather(
-        {eid: client[eid].apply_async(_engine.identity, controller_ip) for eid in engine_ids},
+        {eid: asked.get(eid) or client[eid].apply_async(_engine.identity, controller_ip)
+         for eid in engine_ids},
         engine_ids,
         "report where it runs",
         timeout,

@@ -394,13 +394,14 @@ class JaxCluster:
         ``deadline``."""
         launched = self._launched
         assert launched is not None and launched.client is not None
-        engine_ids = bringup.start_engines(launched, self.options, self._loop, progress, deadline)
+        registered = bringup.start_engines(
+            launched, self.options, self._loop, progress, deadline)
         what = "initialize jax.distributed"
         bringup.remaining(deadline, self.options, what)  # raises once the start ran out
         try:
             job = distributed.initialize(
-                launched.client, engine_ids, self.options, launched.controller_ip, progress,
-                deadline, self._work_dir,
+                launched.client, registered.engine_ids, self.options, launched.controller_ip,
+                progress, deadline, self._work_dir, registered.identities,
             )
         except JaxClusterError as e:
             if time.monotonic() < deadline:

@@ -14,7 +14,7 @@ import ipyparallel as ipp
 
 from ..contracts import Progress
 from ..errors import JaxClusterError, engine_error_message
-from ..render.labels import process_label
+from ..render.labels import awaited, process_label
 
 # seconds the others get once one process failed: JAX's start-up waits for every process, so
 # after one fails the rest never finish
@@ -31,9 +31,11 @@ def gather(
     progress: Progress | None = None,
     stage: str = "",
     margin: float = MARGIN_SECONDS,
+    hosts: dict[int, str] | None = None,
 ) -> dict[int, Any]:
     """engine id -> result of ``pending[engine id]``; ``engine_ids`` in process order. Waits
-    ``timeout`` and ``margin`` more (0 where a deadline allows none).
+    ``timeout`` and ``margin`` more (0 where a deadline allows none); ``progress`` names the
+    ``hosts`` (engine id -> host) still awaited.
 
     Raises ``JaxClusterError`` "Could not WHAT on processes ..." with each one's error.
     """
@@ -47,7 +49,8 @@ def gather(
     while waiting:
         if progress and len(results) != reported:
             reported = len(results)
-            progress(stage, reported, len(pending))
+            behind = sorted({hosts[e] for e in pending if e not in results}) if hosts else []
+            progress(stage, reported, len(pending), awaited(behind))
         left = deadline - time.monotonic()
         if left <= 0:
             break

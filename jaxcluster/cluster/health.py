@@ -1,11 +1,10 @@
 """How a cluster's processes are doing: idle, busy or dead, and how they died.
 
-What the launchers recorded of the engines they started comes first: the local launcher's exit
-codes, and the processes ipyparallel's ssh launcher saw end on their own host (a pid names a
-process on its own host only, so records are matched by host and pid). Then, for local engines,
-which this notebook forked on its own host, the process table; for every other engine, the
-controller's heartbeat. Where a running process is, and signals to it, go over the back channel
-(``cells/evidence.py``).
+What the launchers recorded of the engines they started comes first: the exit codes each host's
+forking process reported (a pid names a process on its own host only, so records are matched
+by host and pid). Then, for local engines, which this notebook forked on its own host, the
+process table; for every other engine, the controller's heartbeat. Where a running process is,
+and signals to it, go over the back channel (``cells/evidence.py``).
 """
 
 from __future__ import annotations
@@ -38,11 +37,13 @@ class Health:
     def status(self) -> list[ProcessStatus]:
         """One row per JAX process: where it runs and whether it is idle, busy or dead."""
         alive = set(self.client.ids)
+        ended = engine_sets.exit_codes(self.ipp_cluster)
         ours = sorted(alive & {p.engine_id for p in self.processes})
         queues = self.client.queue_status(targets=ours, verbose=True) if ours else {}
         rows = []
         for proc in self.processes:
-            if proc.engine_id not in alive or not self._pid_alive(proc):
+            gone = self._key(proc) in ended or not self._pid_alive(proc)
+            if proc.engine_id not in alive or gone:
                 state = "dead"
             elif self._running(queues.get(proc.engine_id, {}).get("queue", [])):
                 state = "busy"

@@ -24,10 +24,10 @@ from typing import IO, Any
 from ..contracts import Progress
 from ..engine.forking import FORK_ARG
 from ..errors import JaxClusterError
+from ..render.labels import awaited
 from .hosts import HOST_ARG, ssh_destination, ssh_failure
 
 CLOSE_SECONDS = 10  # for a forking process to end once its line is closed
-SHOWN_WAITING = 3  # hosts named in a progress line as still awaited
 
 # (exit code or None, its output): how an engine ended
 Ended = tuple[int | None, str]
@@ -239,10 +239,10 @@ class HostSessions:
             behind = [h for h in hosts if h not in self.sessions or not self.sessions[h].reached]
             if behind:
                 progress("hosts reached", len(hosts) - len(behind), len(hosts),
-                         waiting(behind))
+                         awaited(behind))
             else:
                 progress("engines started", started, total,
-                         waiting([h for h in hosts if not self.sessions[h].forked]))
+                         awaited([h for h in hosts if not self.sessions[h].forked]))
 
     def late(self, seconds: float) -> str:
         """The hosts that did not fork their engines in time, and where each stands."""
@@ -257,15 +257,6 @@ class HostSessions:
         session.start(self._cluster_environment,
                       {**self.plan.environment, **self._cluster_environment})
         return session
-
-
-def waiting(hosts: list[str]) -> str:
-    """``waiting for h1, h2, h3 and 5 more``."""
-    if not hosts:
-        return ""
-    shown = ", ".join(hosts[:SHOWN_WAITING])
-    more = f" and {len(hosts) - SHOWN_WAITING} more" if len(hosts) > SHOWN_WAITING else ""
-    return f"waiting for {shown}{more}"
 
 
 def _settle(future: concurrent.futures.Future[Any], value: Any) -> None:

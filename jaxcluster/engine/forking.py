@@ -11,9 +11,9 @@ backend: JAX picks its backend in each engine, after the fork.
 The forking process talks to the notebook over its own stdin and stdout only, never through a
 file or a pid the notebook would have to read or signal on this host (JSON, one message a line):
 
-- in: first ``{"environment": {...}}`` (what JAX reads as it is imported), then
-  ``{"fork": {"count": N, "environment": {...}}}`` (the controller's connection, the cluster's
-  key among it: never on a command line), and ``{"signal": S, "pid": P}`` for one engine;
+- in: first ``{"environment": {...}}`` (the engines' variables: the process starts again with
+  them), then ``{"fork": {"count": N, "environment": {...}}}`` (the controller's connection,
+  the cluster's key among it: never on a command line), and ``{"signal": S, "pid": P}``;
 - out: ``{"reached": {"pid": P, "host": NAME}}`` once Python runs, ``{"forked": [P, ...]}``,
   and ``{"ended": P, "code": C, "output": TEXT}`` as each engine ends (C negative: the signal;
   TEXT: the end of the engine's own stdout and stderr, kept in an unlinked file of this host).
@@ -30,6 +30,7 @@ import ctypes
 import json
 import os
 import selectors
+import shutil
 import signal
 import socket
 import sys
@@ -57,7 +58,6 @@ class Channel:
         self._out = os.fdopen(os.dup(1), "w", encoding="utf-8")
         os.dup2(2, 1)
         self._pending = b""
-        self._messages: list[dict[str, Any]] = []  # read, not yet taken
         self.closed = False
 
     def send(self, message: dict[str, Any]) -> bool:
@@ -69,30 +69,13 @@ class Channel:
             return False
         return True
 
-    def receive(self, block: bool) -> list[dict[str, Any]]:
-        """The complete messages on stdin, those read before first (``block``: wait for at
-        least one, or its end); ``closed`` once stdin has ended."""
-        while not self._messages and not self.closed:
-            chunk = os.read(0, 65_536)
-            if not chunk:
-                self.closed = True
-            *lines, self._pending = (self._pending + chunk).split(b"\n")
-            self._messages.extend(json.loads(line) for line in lines if line.strip())
-            if not block:
-                break
-        messages, self._messages = self._messages, []
-        return messages
-
-    def receive_one(self) -> dict[str, Any]:
-        """The next message (waiting for it), the others kept for ``receive``; {} at the end."""
-        messages = self.receive(block=True)
-        self._messages = messages[1:] + self._messages
-        return messages[0] if messages else {}
-
-    @property
-    def waiting(self) -> bool:
-        """Whether messages were read but not taken yet (select would not wake for them)."""
-        return bool(self._messages)
+    def receive(self) -> list[dict[str, Any]]:
+        """The complete messages that one read of stdin finds; ``closed`` once it has ended."""
+        chunk = os.read(0, 65_536)
+        if not chunk:
+            self.closed = True
+        *lines, self._pending = (self._pending + chunk).split(b"\n")
+        return [json.loads(line) for line in lines if line.strip()]
 
     def close_in_engine(self) -> None:
         """An engine keeps neither end: what it prints goes to its own file, and it reads no
@@ -104,19 +87,32 @@ class Channel:
 
 
 def begin() -> Channel:
-    """The forking process's first step, before JAX is imported: take the variables JAX reads
-    at import, and say that this host has been reached."""
+    """The forking process's first step, before anything is imported: start again with the
+    engines' environment (``engine_env``, JAX's variables), so that what Python, the dynamic
+    loader and JAX read as they start (``PYTHONPATH`` and its ``sitecustomize``,
+    ``LD_LIBRARY_PATH``, ...) is the engines', as if it had been given on the command line;
+    then say that this host has been reached."""
+    if os.environ.pop(_STARTED_AGAIN, None) is None:
+        environment = json.loads(_first_line()).get("environment", {})
+        os.execve(sys.executable, sys.orig_argv,
+                  {**os.environ, **environment, _STARTED_AGAIN: "1"})
     channel = Channel()
-    # only the first: a slow host may find the request to fork already behind it
-    _take_environment(channel.receive_one().get("environment", {}))
     channel.send({"reached": {"pid": os.getpid(), "host": socket.gethostname()}})
     return channel
 
 
-def _take_environment(environment: dict[str, str]) -> None:
-    os.environ.update(environment)
-    # Python read PYTHONPATH as it started, before it had this; where it would have put it
-    sys.path[1:1] = [p for p in environment.get("PYTHONPATH", "").split(os.pathsep) if p]
+_STARTED_AGAIN = "JAXCLUSTER_FORK_ENVIRONMENT_TAKEN"
+
+
+def _first_line() -> bytes:
+    """The first line of stdin and nothing after it, which the process started again reads."""
+    line = b""
+    while not line.endswith(b"\n"):
+        byte = os.read(0, 1)
+        if not byte:
+            sys.exit(0)  # the notebook went away before it said anything
+        line += byte
+    return line
 
 
 def serve(channel: Channel) -> None:
@@ -124,7 +120,25 @@ def serve(channel: Channel) -> None:
     the forking process exits once the notebook is gone and its engines are reaped."""
     if Supervisor(channel).run():
         return
+    if _own_profile is not None:
+        shutil.rmtree(_own_profile, ignore_errors=True)
     sys.exit(0)
+
+
+_own_profile: str | None = None  # a profile folder this process made, removed as it exits
+
+
+def _profile_here() -> None:
+    """The engines' IPython profile (``IPP_PROFILE_DIR``: the notebook's, under this host's own
+    home when the notebook's is under its home) where it exists on this host; elsewhere an
+    empty one of this process's, in this host's temporary folder, rather than none (an engine
+    refuses to start without it)."""
+    global _own_profile
+    if os.path.isdir(os.environ.get("IPP_PROFILE_DIR") or "."):
+        return
+    if _own_profile is None:
+        _own_profile = tempfile.mkdtemp(prefix="jaxcluster-profile-")
+    os.environ["IPP_PROFILE_DIR"] = _own_profile
 
 
 class Supervisor:
@@ -148,11 +162,11 @@ class Supervisor:
             self._reap()
             if self.channel.closed and not self.outputs:
                 return False
-            ready = [] if self.channel.waiting else self.selector.select()
-            if any(key.fd == self.wake_read for key, _ in ready):
-                os.read(self.wake_read, 4096)
-            if self.channel.waiting or any(key.fd == 0 for key, _ in ready):
-                for message in self.channel.receive(block=False):
+            for key, _ in self.selector.select():
+                if key.fd == self.wake_read:
+                    os.read(self.wake_read, 4096)
+                    continue
+                for message in self.channel.receive():
                     if "fork" in message and self._fork(**message["fork"]):
                         return True
                     if message.get("pid") in self.outputs:  # ours and not reaped: no other
@@ -162,7 +176,8 @@ class Supervisor:
                     self._kill()
 
     def _fork(self, count: int, environment: dict[str, str]) -> bool:
-        _take_environment(environment)
+        os.environ.update(environment)  # the controller's connection, read by each engine
+        _profile_here()
         sys.stdout.flush()
         sys.stderr.flush()  # or each engine would write what the parent had buffered again
         parent, forked = os.getpid(), []

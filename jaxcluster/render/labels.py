@@ -83,3 +83,11 @@ def bundle_key(bundle: dict | None) -> Hashable:
 def label(indices: Sequence[int], suffix: str = "") -> str:
     """``[processes 0-3]``, ``[process 1 stderr]``."""
     return f"[{process_label(indices)}{' ' + suffix if suffix else ''}]"
+
+
+def awaited(hosts: Sequence[str], shown: int = 3) -> str:
+    """``waiting for h1, h2, h3 and 5 more``, for a progress line; "" for none."""
+    if not hosts:
+        return ""
+    more = f" and {len(hosts) - shown} more" if len(hosts) > shown else ""
+    return f"waiting for {', '.join(hosts[:shown])}{more}"
