@@ -12,7 +12,13 @@ from IPython.testing.globalipapp import start_ipython
 
 from jaxcluster import ConfigError, JaxCluster
 from jaxcluster.cluster.host_sessions import ForkPlan
-from jaxcluster.cluster.hosts import HOST_ARG, engines_by_host, parse_hosts, ssh_options
+from jaxcluster.cluster.hosts import (
+    HOST_ARG,
+    engines_by_host,
+    parse_hosts,
+    ssh_failure,
+    ssh_options,
+)
 from jaxcluster.cluster.launchers import (
     FORKED_ENGINE_SET,
     LaunchRequest,
@@ -169,3 +175,23 @@ def test_processes_sharing_a_host_take_their_own_gpus(
     platform, per_process, local_rank, on_host, expected
 ):
     assert gpu_device_ids(platform, per_process, local_rank, on_host) == expected
+
+
+@pytest.mark.parametrize(
+    ("code", "output", "reached", "said"),
+    [
+        (255, "ssh: connect to host h2 port 22: No route to host", False,
+         "ssh failed: ssh: connect to host h2 port 22: No route to host. Each host needs ssh"),
+        (255, "", True, "ended before it forked them, without a word (ssh's exit status 255: it "
+                        "was killed, or the connection was lost)"),
+        (1, "Traceback ...\nModuleNotFoundError: No module named jaxcluster", False,
+         f"jaxcluster is not installed for {sys.executable} there."),
+        (127, "sh: 1: exec: /opt/py/bin/python: not found", False,
+         f"{sys.executable} does not run there (sh: 1: exec: /opt/py/bin/python: not found)."),
+        (1, "ImportError: ipykernel is broken", True,
+         "exited (exit code 1) before it forked them. Its output names what failed:\n"
+         "ImportError: ipykernel is broken"),
+    ],
+)
+def test_why_a_host_could_not_be_started_leads_with_the_cause(code, output, reached, said):
+    assert said in ssh_failure(code, output, reached)

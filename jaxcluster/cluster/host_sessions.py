@@ -153,14 +153,14 @@ class HostSession:
                 self._heard(json.loads(line))
         code = process.wait()
         where = f" on {self.host}" if self.host else ""
-        with self._lock:
+        with self._lock:  # a fork asked from now on finds the line ended
             fork, exits = self._fork, list(self._exits.values())
+            self.ended.set_result(code)
         for engine in exits:  # killed with the process that forked them (PR_SET_PDEATHSIG)
             _settle(engine, (None, f"the process that forked this engine{where} ended (exit "
                                  f"code {code}):\n{self.errors()}"))
         if fork is not None and not fork.done():
             fork.set_exception(JaxClusterError(self._failure(code)))
-        self.ended.set_result(code)
 
     def _heard(self, message: dict[str, Any]) -> None:
         if "reached" in message:
