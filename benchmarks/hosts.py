@@ -235,8 +235,9 @@ def _sync_start(folder: str, options: dict, settings: Settings, table: Table) ->
             return t.seconds
         return timed
 
-    # start → ready comes in two steps here (about 7.8 s or 8.9 s, whether synced or not):
-    # a median of few pairs lands on either, so this takes more than other slow measurements
+    # start → ready came in two steps (about 7.8 s or 8.9 s, synced or not) while ssh engines
+    # started one after another: a median of few pairs landed on either, so this takes more
+    # pairs than other slow measurements
     pairs, samples = max(settings.repeat, SYNC_START_PAIRS), []
     # each start once the machine is quiet: the cluster stopped before still winds down
     runs = _until_agree({"sync": start(folder), "no sync": start(False)}, 1, pairs,

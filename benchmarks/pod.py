@@ -12,6 +12,8 @@ per host, for 2, 4 and 8 hosts. Each round alternates, each started once the mac
   ``jax.distributed.initialize`` on every engine (at the largest size in the first round of
   each run only: a minute each).
 
+2 rounds a run at 2 and 4 hosts, 5 at 8.
+
 Runs go on until the last two agree within 10% on ours ÷ the import bound at the largest
 size. Then, on this machine, what a forking process per host would give MPI's ranks: 4 ranks
 started by ``mpiexec`` (each imports JAX itself) against 4 local engines forked from one
@@ -44,7 +46,7 @@ BOUND_TARGET = 1.3  # start → ready, and restart, ÷ the import bound, at the 
 SERIAL_TARGET = 0.35  # start → ready ÷ the serial start
 AGREE = 0.10
 MAX_RUNS = 3
-ROUNDS = 2  # per run
+ROUNDS = {2: 2, 4: 2, 8: 5}  # per run, by hosts: the largest size decides whether runs agree
 IMPORT_JAX = "import jax; jax.devices()"
 # what an engine imports beyond JAX, as jaxcluster's engine does (debugpy left out)
 IMPORT_STACK = ("import sys; sys.modules['debugpy'] = None\nimport jax, ipykernel.ipkernel, "
@@ -90,23 +92,24 @@ def _until_agree(hosts: NamespaceHosts, settings: Settings) -> list[tuple[str, S
 def _one_run(hosts: NamespaceHosts, settings: Settings) -> Samples:
     names = hosts.networks[0].namespaces
     samples: Samples = {}
-    rounds = 1 if settings.quick else ROUNDS
     for size in SIZES:
         chosen = names[:size]
         got = samples[size] = {}
-        for i in range(rounds):
-            steps: list[tuple[str, Callable[[list[str]], dict[str, float]]]] = [
-                ("bound", lambda h: {"bound": _concurrently(hosts, h, IMPORT_JAX)}),
-                ("stack", lambda h: {"stack": _concurrently(hosts, h, IMPORT_STACK)}),
-                ("ours", lambda h: _ours(hosts, h)),
+        for i in range(1 if settings.quick else ROUNDS[size]):
+            steps: list[Callable[[list[str]], dict[str, float]]] = [
+                lambda h: {"bound": _concurrently(hosts, h, IMPORT_JAX)},
+                lambda h: {"stack": _concurrently(hosts, h, IMPORT_STACK)},
+                lambda h: _ours(hosts, h),
             ]
             if i == 0 or size < max(SIZES):
-                steps.append(("serial", lambda h: {"serial": _serial(hosts, h)}))
-            for name, step in steps if i % 2 == 0 else steps[::-1]:
+                steps.append(lambda h: {"serial": _serial(hosts, h)})
+            for step in steps if i % 2 == 0 else steps[::-1]:
                 quiet()
-                for key, value in step(chosen).items():
+                measured = step(chosen)
+                for key, value in measured.items():
                     got.setdefault(key, []).append(value)
-                log(f"pod: {size} hosts, {name}: {got[key][-1]:.2f} s")
+                log(f"pod: {size} hosts, " + ", ".join(f"{k} {v:.2f} s"
+                                                      for k, v in measured.items()))
     return samples
 
 
