@@ -74,6 +74,10 @@ def test_local_engines_are_forked_from_one_process_that_imported_jax(cluster):
     # each process draws its own random numbers, as separately started ones did
     result = cluster.run("import numpy as np, random\nprint(np.random.rand(), random.random())")
     assert len({p.stdout for p in result.check().processes}) == 4
+    # the imports were frozen before the fork (shared pages stay shared); each engine collects
+    # its own garbage as any Python process does
+    result = cluster.run("import gc\nprint(gc.isenabled(), gc.get_freeze_count() > 100_000)")
+    assert {p.stdout for p in result.check().processes} == {"True True\n"}
 
 
 def test_a_forked_engine_that_dies_is_reported_with_its_signal():
