@@ -98,9 +98,9 @@ def begin() -> Channel:
         os.execve(sys.executable, sys.orig_argv,
                   {**os.environ, **environment, _STARTED_AGAIN: "1"})
     # Python's recipe for a process that forks without exec: no collection while the imports
-    # build their million long-lived objects (a collector pass scans them all, again and
-    # again: about 15% of the imports' CPU here), frozen before each fork and collected again in
-    # the engines (``_fork``), so that no engine's collection writes the pages they share
+    # build their million long-lived objects (each pass scans them all again: about 15% of the
+    # imports' CPU here), frozen before each fork (``_fork``) and collected again in each
+    # engine (``_become_engine``), whose collections then leave the shared pages alone
     gc.disable()
     channel = Channel()
     channel.send({"reached": {"pid": os.getpid(), "host": socket.gethostname()}})
