@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pkgutil
 import signal
 import socket
 import subprocess
@@ -12,8 +13,10 @@ import ipyparallel as ipp
 import psutil
 import pytest
 
+import jaxcluster.engine
 from jaxcluster import ConfigError, JaxCluster, JaxClusterError, NoClusterError
 from jaxcluster.cluster import engine_sets
+from jaxcluster.engine.__main__ import SHELL_IMPORTS
 from tests.conftest import cluster_processes, wait_until_gone
 
 pytestmark = pytest.mark.cluster
@@ -78,6 +81,16 @@ def test_local_engines_are_forked_from_one_process_that_imported_jax(cluster):
     # its own garbage as any Python process does
     result = cluster.run("import gc\nprint(gc.isenabled(), gc.get_freeze_count() > 100_000)")
     assert {p.stdout for p in result.check().processes} == {"True True\n"}
+    # what every engine imports as it starts (our engine side, the shell's own imports) was
+    # imported once, before the fork: frozen with the rest, so not among what gc tracks
+    names = [*SHELL_IMPORTS, *(m.name for m in pkgutil.iter_modules(
+        jaxcluster.engine.__path__, "jaxcluster.engine.") if not m.name.endswith("__main__"))]
+    result = cluster.run(textwrap.dedent(f"""\
+        import gc, sys
+        tracked = {{id(o) for o in gc.get_objects()}}
+        print([n for n in {names!r} if id(vars(sys.modules[n])) in tracked])
+    """))
+    assert {p.stdout for p in result.check().processes} == {"[]\n"}
 
 
 def test_a_forked_engine_that_dies_is_reported_with_its_signal():

@@ -37,6 +37,7 @@ STOP_SECONDS_UNTIL_KILL = 1
 MPIEXEC_SECONDS_UNTIL_KILL = 15
 
 ENGINE_CMD = [sys.executable, "-m", "jaxcluster.engine"]
+CONTROLLER_CMD = [sys.executable, "-m", "jaxcluster.cluster.controller"]  # ipyparallel's, gc off
 NO_NANNY = "--IPEngine.enable_nanny=False"
 FORKED_ENGINE_SET = "jaxcluster.cluster.forked_engines.ForkedEngineSetLauncher"
 
@@ -216,6 +217,7 @@ def _plan(
     engine_set.engine_cmd = ENGINE_CMD
     engine_set.environment = dict(request.environment)
     config.LocalControllerLauncher.stop_seconds_until_kill = STOP_SECONDS_UNTIL_KILL
+    config.LocalControllerLauncher.controller_cmd = CONTROLLER_CMD
     return LaunchPlan(
         engine_launcher=launcher,
         controller_ip=controller_ip,
