@@ -61,12 +61,12 @@ def versions() -> dict[str, str]:
 
     found = {"python": platform.python_version()}
     for folder in sys.path:
-        for entry in _metadata_folders(folder or "."):
+        where = folder or "."  # "": the current folder
+        for entry in _metadata_folders(where):
             # a name's own "-" are written "_" there, so the first "-" ends it
             name = entry.rpartition(".")[0].partition("-")[0].lower().replace("_", "-")
             if VERSIONED.match(name) and name not in found:
-                path = os.path.join(folder or ".", entry)
-                found[name] = importlib.metadata.Distribution.at(path).version
+                found[name] = importlib.metadata.Distribution.at(os.path.join(where, entry)).version
     return found
 
 
