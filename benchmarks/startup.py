@@ -14,7 +14,7 @@ import ipyparallel as ipp
 import psutil
 
 from jaxcluster import JaxCluster, JaxClusterError
-from jaxcluster.engine.forking import FORK_ARG
+from jaxcluster.engine.bootstrap import FORK_ARG
 
 from ._common import (
     Settings,

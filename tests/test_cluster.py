@@ -16,7 +16,9 @@ import pytest
 import jaxcluster.engine
 from jaxcluster import ConfigError, JaxCluster, JaxClusterError, NoClusterError
 from jaxcluster.cluster import engine_sets
+from jaxcluster.cluster.launchers import HEARTBEAT_MS
 from jaxcluster.engine.__main__ import SHELL_IMPORTS
+from jaxcluster.engine.bootstrap import FORK_ARG
 from tests.conftest import cluster_processes, wait_until_gone
 
 pytestmark = pytest.mark.cluster
@@ -93,6 +95,22 @@ def test_local_engines_are_forked_from_one_process_that_imported_jax(cluster):
     assert {p.stdout for p in result.check().processes} == {"[]\n"}
 
 
+def test_a_forking_process_starts_again_before_it_imports_what_it_would_pay_twice():
+    # what it imports before it starts again with the engines' environment, every host pays
+    # twice (typing and the forking modules were 40 ms of CPU)
+    done = subprocess.run([sys.executable, "-X", "importtime", "-m", "jaxcluster.engine",
+                           FORK_ARG], input=b'{"environment": {"JAX_PLATFORMS": "cpu"}}\n',
+                          capture_output=True, timeout=120)
+    stages = done.stderr.decode().split("import time: self [us] | cumulative | imported package")
+    assert done.returncode == 0 and len(stages) == 3, done.stderr.decode()[-2000:]  # started again
+    first = {line.rpartition("|")[2].strip() for line in stages[1].splitlines()
+             if line.startswith("import time:")}
+    assert "jaxcluster.engine.bootstrap" in first
+    paid_twice = first & {"typing", "ctypes", "socket", "selectors", "tempfile", "shutil",
+                          "jaxcluster.engine.forking", "jax", "traitlets"}
+    assert paid_twice == set()
+
+
 def test_a_forked_engine_that_dies_is_reported_with_its_signal():
     # not our child: its exit code comes from the process that forked it
     with JaxCluster(nodes=2, devices_per_node=1, platform="cpu") as cluster:
@@ -153,6 +171,26 @@ def test_status_shows_a_busy_process(cluster):
     finally:
         ar.get(15)
     assert [r.state for r in cluster.status()] == ["idle"] * 4
+
+
+def test_a_process_stopped_for_two_seconds_outlives_the_quick_heartbeat(cluster):
+    import time
+
+    # the controller confirms each registration one to two beats after the engine asked, and
+    # a start waits for that; the engines leave watching the controller to their forking
+    # process, whose line to the notebook ends them
+    watch = cluster.run("from ipyparallel.engine.app import IPEngine\n"
+                        "print(IPEngine.instance().max_heartbeat_misses)").check()
+    assert {p.stdout for p in watch.processes} == {"0\n"}
+    # 20 beats missed: more than ipyparallel's default of 10 misses allows
+    stopped = psutil.Process(cluster.processes[3].pid)
+    stopped.suspend()
+    time.sleep(20 * HEARTBEAT_MS / 1000)
+    stopped.resume()
+    time.sleep(5 * HEARTBEAT_MS / 1000)
+    assert sorted(cluster.client.ids) == sorted(cluster.engine_ids)
+    assert [r.state for r in cluster.status()] == ["idle"] * 4
+    assert cluster.run("print(1)").check().processes[3].stdout == "1\n"
 
 
 @pytest.mark.parametrize(

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import IO, Any
 
 from ..contracts import Progress
-from ..engine.forking import FORK_ARG
+from ..engine.bootstrap import FORK_ARG
 from ..errors import JaxClusterError
 from ..render.labels import awaited
 from .hosts import HOST_ARG, ssh_destination, ssh_failure

@@ -1,11 +1,12 @@
 """What runs on an engine, in one JAX process; the notebook sends these modules' functions by
-reference. It offers ``process``, ``topology``, ``forking``, ``cells``, ``inbox``,
+reference. It offers ``process``, ``topology``, ``bootstrap``, ``forking``, ``cells``, ``inbox``,
 ``backchannel``, ``dispatch``, ``values``, ``data``, ``sharding``, ``stdin``, ``sync``,
 ``scripts`` and ``introspect``; ``__main__`` is what every launcher runs (``python -m
 jaxcluster.engine``). IPython only where the engine's own shell is needed."""
 
 __all__ = [
     "backchannel",
+    "bootstrap",
     "cells",
     "data",
     "dispatch",

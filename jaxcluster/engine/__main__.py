@@ -6,7 +6,7 @@ import contextlib
 import os
 import sys
 
-from . import forking
+from . import bootstrap  # only os, sys and json: see its docstring
 
 # hosts.HOST_ARG; not imported from there, which would import traitlets before jax
 HOST_ARG = "--jaxcluster-host="
@@ -34,7 +34,12 @@ def main() -> None:
     if "--mpi" in sys.argv:
         sys.argv.remove("--mpi")
     # the engines' variables arrive on stdin, and JAX reads some of them as it is imported
-    channel = forking.begin() if forking.take_fork_arg() else None
+    fork = bootstrap.take_fork_arg()
+    if fork:
+        bootstrap.start_again_with_the_engines_environment()
+    from . import forking
+
+    channel = forking.begin() if fork else None
     with contextlib.suppress(Exception):  # see above
         import jax  # noqa: F401
     _import_the_kernel_without_its_debugger()

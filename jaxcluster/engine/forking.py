@@ -12,8 +12,9 @@ The forking process talks to the notebook over its own stdin and stdout only, ne
 file or a pid the notebook would have to read or signal on this host (JSON, one message a line):
 
 - in: first ``{"environment": {...}}`` (the engines' variables: the process starts again with
-  them), then ``{"fork": {"count": N, "environment": {...}}}`` (the controller's connection,
-  the cluster's key among it: never on a command line), and ``{"signal": S, "pid": P}``;
+  them, ``bootstrap.py``), then ``{"fork": {"count": N, "environment": {...}}}`` (the
+  controller's connection, the cluster's key among it: never on a command line), and
+  ``{"signal": S, "pid": P}``;
 - out: ``{"reached": {"pid": P, "host": NAME}}`` once Python runs, ``{"forked": [P, ...]}``,
   and ``{"ended": P, "code": C, "output": TEXT}`` as each engine ends (C negative: the signal;
   TEXT: the end of the engine's own stdout and stderr, kept in an unlinked file of this host).
@@ -38,17 +39,8 @@ import sys
 import tempfile
 from typing import IO, Any
 
-FORK_ARG = "--jaxcluster-fork"  # this process forks the host's engines
 OUTPUT_TAIL_BYTES = 16_384  # of an engine's own output, sent when it ends
 _PR_SET_PDEATHSIG = 1
-
-
-def take_fork_arg() -> bool:
-    """Remove our fork option from the arguments: whether it was there."""
-    if FORK_ARG not in sys.argv:
-        return False
-    sys.argv.remove(FORK_ARG)
-    return True
 
 
 class Channel:
@@ -88,15 +80,8 @@ class Channel:
 
 
 def begin() -> Channel:
-    """The forking process's first step, before anything is imported: start again with the
-    engines' environment (``engine_env``, JAX's variables), so that what Python, the dynamic
-    loader and JAX read as they start (``PYTHONPATH`` and its ``sitecustomize``,
-    ``LD_LIBRARY_PATH``, ...) is the engines', as if it had been given on the command line;
-    then say that this host has been reached."""
-    if os.environ.pop(_STARTED_AGAIN, None) is None:
-        environment = json.loads(_first_line()).get("environment", {})
-        os.execve(sys.executable, sys.orig_argv,
-                  {**os.environ, **environment, _STARTED_AGAIN: "1"})
+    """The forking process's first step once it has started again with the engines'
+    environment (``bootstrap.py``): say that this host has been reached."""
     # Python's recipe for a process that forks without exec: no collection while the imports
     # build their million long-lived objects (each pass scans them all again: about 15% of the
     # imports' CPU here), frozen before each fork (``_fork``) and collected again in each
@@ -105,20 +90,6 @@ def begin() -> Channel:
     channel = Channel()
     channel.send({"reached": {"pid": os.getpid(), "host": socket.gethostname()}})
     return channel
-
-
-_STARTED_AGAIN = "JAXCLUSTER_FORK_ENVIRONMENT_TAKEN"
-
-
-def _first_line() -> bytes:
-    """The first line of stdin and nothing after it, which the process started again reads."""
-    line = b""
-    while not line.endswith(b"\n"):
-        byte = os.read(0, 1)
-        if not byte:
-            sys.exit(0)  # the notebook went away before it said anything
-        line += byte
-    return line
 
 
 def serve(channel: Channel) -> None:
