@@ -91,9 +91,11 @@ def test_ssh_plan():
     fork = plan.fork
     assert fork is not None
     assert fork.hosts == {"localhost": 2, "h2": 1}
-    # back-channel requests go to the engine itself: no nanny
+    # back-channel requests go to the engine itself: no nanny; and the forking process, not
+    # each engine's watch of the controller's heartbeat, ends the engines
     assert fork.engine_command == [sys.executable, "-m", "jaxcluster.engine",
-                                   "--IPEngine.enable_nanny=False"]
+                                   "--IPEngine.enable_nanny=False",
+                                   "--IPEngine.max_heartbeat_misses=0"]
     assert fork.environment == {"JAX_PLATFORMS": "cpu"}
     assert fork.ssh_command[:3] == ["ssh", "-i", "key"] and "BatchMode=yes" in fork.ssh_command
     ip = plan_launch(LaunchRequest(launcher="ssh", nodes=1, environment={}, hosts=["h"],

@@ -173,7 +173,8 @@ def listening_addresses(namespace: str) -> set[str]:
 
 def test_processes_listen_only_on_their_hosts_address(cluster, hosts):
     # the coordinator on process 0 and gloo on every process listen on the host's address;
-    # each engine's internal channel is on loopback (engines over ssh have no nanny)
+    # anything else on loopback at most (engines over ssh have neither ipyparallel's nanny nor
+    # its watch of the controller's heartbeat, which listened there)
     for namespace in hosts.networks[0].namespaces:
         assert listening_addresses(namespace) - {"127.0.0.1"} == {hosts.address(namespace)}
 
