@@ -29,8 +29,9 @@ GPU_PLATFORMS = ("gpu", "cuda", "rocm")
 # every start wait seconds for nothing and dead engines go unnoticed as long; 300 ms still left
 # a start's two cores idle for about 0.4 s while the last engines waited.
 HEARTBEAT_MS = 100
-# an engine is dead after this long without a pong: about 3 s, as ten misses of 300 ms were
-HEARTBEAT_MISSES = 30
+# an engine is dead after this long without a pong, as ten misses of 300 ms made it before
+DEAD_AFTER_MS = 3000
+HEARTBEAT_MISSES = DEAD_AFTER_MS // HEARTBEAT_MS
 
 # Engines get no chance to exit cleanly: JAX's atexit shutdown waits at a barrier for every
 # other process, so a polite SIGTERM would only add this many seconds before SIGKILL.
