@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import contextlib
 import signal
-import socket
 
 import ipyparallel as ipp
 import psutil
 
 from jaxcluster import JaxCluster, JaxClusterError
 from jaxcluster.engine.bootstrap import FORK_ARG
+from tests.ports import free_port
 
 from ._common import (
     Settings,
@@ -36,12 +36,6 @@ NODES = 4
 DEVICES = 2
 TARGET_RATIO = 0.8
 MAX_ATTEMPTS = 3  # a failed start is counted, not timed, and tried again
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _memory(pids: list[int]) -> dict[str, float]:
@@ -98,7 +92,7 @@ def _recipe_once(nodes: int = NODES, devices: int = DEVICES) -> tuple[float, dic
             cluster = ipp.Cluster(n=nodes)
             track(cluster.cluster_id)
             client = cluster.start_and_connect_sync()
-            coordinator = f"127.0.0.1:{_free_port()}"
+            coordinator = f"127.0.0.1:{free_port()}"
             pending = [
                 client[eid].apply_async(recipe_initialize, coordinator, nodes, index, devices)
                 for index, eid in enumerate(client.ids[:nodes])

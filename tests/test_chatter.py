@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import random
 import select
-import socket
 import subprocess
 import sys
 import textwrap
@@ -19,6 +18,7 @@ import pytest
 from jupyter_client.manager import start_new_kernel
 
 from jaxcluster.engine.chatter import PIECES, GlooFilter
+from tests.ports import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 XLA = b"W1125 08:00:00.123456  1234 foo.cc:12] something 42\n"
@@ -243,12 +243,6 @@ def test_install_on_a_real_ipykernel_and_outside_one():
     with pythons(outside, []) as [child]:
         _, err = child.communicate(timeout=60)
         assert child.returncode == 0, err.decode()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def test_a_real_gloo_run_shows_no_chatter():

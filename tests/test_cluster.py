@@ -20,6 +20,7 @@ from jaxcluster.cluster.launchers import HEARTBEAT_MS
 from jaxcluster.engine.__main__ import SHELL_IMPORTS
 from jaxcluster.engine.bootstrap import FORK_ARG
 from tests.conftest import cluster_processes, wait_until_gone
+from tests.ports import free_port
 
 pytestmark = pytest.mark.cluster
 
@@ -284,9 +285,7 @@ def test_restart_gives_fresh_processes_and_a_working_jax():
 
 
 def test_coordinator_option_is_where_jax_distributed_meets():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     with JaxCluster(nodes=2, timeout=60, coordinator=f"127.0.0.1:{port}") as cluster:
         assert cluster.coordinator == f"127.0.0.1:{port}"
         process_0 = psutil.Process(cluster.processes[0].pid)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import socket
 import subprocess
 import sys
 
@@ -14,6 +15,7 @@ import pytest
 import jaxcluster
 from tests.conftest import hosts_or_skip
 from tests.netns_hosts import NamespaceHosts
+from tests.ports import free_port
 
 # what a host says about itself, from the notebook's Python run there
 PROBE = """
@@ -79,3 +81,15 @@ def test_shared_tmp_and_the_next_pid_make_two_hosts_alike(tmp_path):
         on(hosts, h1, f"touch {tmp_path}/from-h1 /dev/shm/rig-{os.getpid()}")
         assert on(hosts, h2, f"ls {tmp_path}").split() == ["from-h1", "from-the-notebook"]
         assert not os.path.exists(f"/dev/shm/rig-{os.getpid()}")  # still private
+
+
+def test_a_tests_port_is_free_and_below_the_range_connections_draw_from():
+    # an engine's connection to the controller took a port picked from that range before the
+    # coordinator could bind it (CI, test_scheduler_topology)
+    with open("/proc/sys/net/ipv4/ip_local_port_range") as ranges:
+        ephemeral_start = int(ranges.read().split()[0])
+    for _ in range(20):
+        port = free_port()
+        assert port < ephemeral_start
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", port))

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -24,6 +23,7 @@ from jaxcluster import JaxCluster, JaxClusterError
 from jaxcluster.cluster import topology
 from tests.conftest import cluster_processes, wait_until_gone
 from tests.multihost import expected_psum, index_rank_psum
+from tests.ports import free_port
 
 VARIABLES = ("JAX_PROCESS_ID", "JAX_NUM_PROCESSES", "JAX_COORDINATOR_ADDRESS")
 
@@ -121,12 +121,6 @@ def ipython_dir(tmp_path_factory) -> Iterator[Path]:
         yield path
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 class Job:
     """A controller and engines started by hand; each engine with its own environment."""
 
@@ -198,7 +192,7 @@ def job(ipython_dir) -> Iterator[Callable[[str], Job]]:
 
 @pytest.mark.cluster
 def test_connect_waits_for_the_schedulers_processes_and_follows_their_ids(job):
-    coordinator = f"127.0.0.1:{_free_port()}"
+    coordinator = f"127.0.0.1:{free_port()}"
     scheduled = job("scheduled")
     both = {"JAX_NUM_PROCESSES": "2", "JAX_COORDINATOR_ADDRESS": coordinator}
     scheduled.engine(JAX_PROCESS_ID="1", **both)
@@ -225,7 +219,7 @@ def test_connect_waits_for_the_schedulers_processes_and_follows_their_ids(job):
 def test_two_engines_claiming_one_process_id_is_a_clear_error(job):
     clashing = job("clashing")
     both = {"JAX_PROCESS_ID": "0", "JAX_NUM_PROCESSES": "2",
-            "JAX_COORDINATOR_ADDRESS": f"127.0.0.1:{_free_port()}"}
+            "JAX_COORDINATOR_ADDRESS": f"127.0.0.1:{free_port()}"}
     clashing.engine(**both)
     clashing.engine(**both)
     with pytest.raises(JaxClusterError) as failure:

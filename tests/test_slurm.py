@@ -25,6 +25,7 @@ from jaxcluster import ConfigError, JaxCluster, JaxClusterError
 from jaxcluster.cluster.launchers import LaunchRequest, plan_launch
 from tests.conftest import cluster_processes, wait_until_gone
 from tests.multihost import expected_psum, index_rank_psum
+from tests.ports import free_port
 
 DAEMONS = ("munged", "slurmctld", "slurmd", "sbatch", "squeue", "scancel", "sinfo")
 
@@ -105,12 +106,6 @@ PartitionName=debug Nodes=localhost Default=YES MaxTime=INFINITE State=UP
 """
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _squeue(*args: str) -> str:
     return subprocess.run(
         ["squeue", "--noheader", *args], capture_output=True, text=True, timeout=30
@@ -144,7 +139,7 @@ def slurm(tmp_path_factory):
     conf = base / "slurm.conf"
     conf.write_text(
         SLURM_CONF.format(
-            dir=base, ctld_port=_free_port(), slurmd_port=_free_port(),
+            dir=base, ctld_port=free_port(), slurmd_port=free_port(),
             hostname=socket.gethostname(), cpus=os.cpu_count() or 1,
         )
     )

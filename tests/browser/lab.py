@@ -13,7 +13,6 @@ import re
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -23,6 +22,8 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import quote
+
+from tests.ports import free_port
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS_DIR = REPO_ROOT / "test-artifacts"
@@ -51,12 +52,6 @@ _LAB_SETTINGS = {
         "checkForUpdates": False,
     },
 }
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class JupyterLabServer:

@@ -1,0 +1,38 @@
+"""A free TCP port for a test's own server, chosen where nothing else will take it meanwhile.
+
+A port the kernel hands out for ``bind(("", 0))`` comes from the ephemeral range, which every
+outgoing connection and every ``select_random_ports`` of ipyparallel draws from as well: between
+the pick and the server's bind, an engine's connection to the controller can take it (CI saw
+the coordinator's port "already in use" this way). Ports below that range are handed out only
+when asked for by number.
+"""
+
+from __future__ import annotations
+
+import random
+import socket
+from pathlib import Path
+
+_FALLBACK_EPHEMERAL_START = 32768
+_LOWEST = 20000
+
+
+def _ephemeral_start() -> int:
+    try:
+        text = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text()
+    except OSError:
+        return _FALLBACK_EPHEMERAL_START
+    return int(text.split()[0])
+
+
+def free_port() -> int:
+    """A port on 127.0.0.1 that is free now and below the ephemeral range."""
+    top = _ephemeral_start()
+    for port in random.sample(range(_LOWEST, top), 200):
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port between {_LOWEST} and {top} on 127.0.0.1")
