@@ -28,7 +28,8 @@ def _ephemeral_start() -> int:
 def free_port() -> int:
     """A port on 127.0.0.1 that is free now and below the ephemeral range."""
     top = _ephemeral_start()
-    for port in random.sample(range(_LOWEST, top), 200):
+    below = range(_LOWEST, top)
+    for port in random.sample(below, min(200, len(below))):
         with socket.socket() as sock:
             try:
                 sock.bind(("127.0.0.1", port))
