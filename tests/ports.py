@@ -13,21 +13,17 @@ import random
 import socket
 from pathlib import Path
 
-_FALLBACK_EPHEMERAL_START = 32768
 _LOWEST = 20000
 
 
-def _ephemeral_start() -> int:
-    try:
-        text = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text()
-    except OSError:
-        return _FALLBACK_EPHEMERAL_START
-    return int(text.split()[0])
+def ephemeral_start() -> int:
+    """The lowest port the kernel hands out by itself (Linux, as the whole rig)."""
+    return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
 
 
 def free_port() -> int:
     """A port on 127.0.0.1 that is free now and below the ephemeral range."""
-    top = _ephemeral_start()
+    top = ephemeral_start()
     below = range(_LOWEST, top)
     for port in random.sample(below, min(200, len(below))):
         with socket.socket() as sock:
