@@ -66,3 +66,17 @@ def test_a_stack_shows_the_users_frames_as_a_traceback_reads():
         'File "<cell>", line 4 in <module>',
         'File "jax/_src/dispatch.py", line 90 in apply_primitive',
     ]
+
+
+def test_the_summary_names_an_error_once_whatever_its_tracebacks():
+    from jaxcluster.cells.spmd import ProcessOutput, SPMDResult
+    from jaxcluster.render.cell import error_report
+
+    processes = [ProcessOutput(i, state="error") for i in range(4)]
+    for proc in processes:  # process 3 was interrupted before its cell started: no frames
+        trace = "Cell In[3], line 2\nKeyboardInterrupt: " if proc.process_index < 3 else ""
+        proc.error = {"ename": "KeyboardInterrupt", "evalue": "", "traceback": trace}
+    summary, lines = error_report(SPMDResult(processes), [0, 1, 2, 3], collapsed=True)
+    assert summary == "processes 0-3 raised KeyboardInterrupt"
+    assert [line for line in lines if line.startswith("\x1b")] == [
+        "\x1b[1;31m[processes 0-2]\x1b[0m", "\x1b[1;31m[process 3]\x1b[0m"]

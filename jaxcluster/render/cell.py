@@ -158,7 +158,7 @@ def error_report(
 ) -> tuple[str, list[str]]:
     """(one-line summary, traceback lines) for a cell that failed on some processes."""
     lines: list[str] = []
-    summary = []
+    raisers: dict[str, list[int]] = {}  # the summary names an error once, whatever its tracebacks
     # after a restart, the interrupt's own KeyboardInterrupts say nothing the report does not
     quiet = set(result.interrupted) if result.restarted else set()
     for indices, error in error_groups(result.processes, selected, collapsed):
@@ -166,7 +166,9 @@ def error_report(
         raised = error["ename"] + (f": {error['evalue']}" if error["evalue"] else "")
         lines.extend(error["traceback"].splitlines() or [raised])
         if not quiet.issuperset(indices):
-            summary.append(f"{process_label(indices)} raised {raised}")
+            raisers.setdefault(raised, []).extend(indices)
+    summary = [f"{process_label(sorted(indices))} raised {raised}"
+               for raised, indices in raisers.items()]
     hidden = [p.process_index for p in result.processes
               if p.error is not None and p.process_index not in selected]
     if hidden:
