@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pkgutil
+import re
 import signal
 import socket
 import subprocess
@@ -147,14 +148,62 @@ def test_an_interrupt_and_a_stack_reach_busy_engines_over_the_back_channel(clust
     # process 1's stack, read while it sleeps, then the cell interrupted on every process
     found: dict[int, evidence.Where] = {}
     threading.Timer(1.0, lambda: found.update(evidence.where(cluster.backchannel, [1]))).start()
-    threading.Timer(2.5, cluster.backchannel.tell, ([0, 1, 2, 3], "signal", signal.SIGINT)).start()
-    result = cluster.run("import time\ntime.sleep(30)")
+    result = cluster.run("import time\ntime.sleep(30)", timeout=2.5)
     assert time.monotonic() - began < 15
+    assert result.failure == "timeout" and result.interrupted == [0, 1, 2, 3]
     assert {p.state for p in result.processes} == {"error"}
     assert {p.error["ename"] for p in result.processes} == {"KeyboardInterrupt"}
     # time.sleep is C: the cell's own line is the innermost Python frame
     assert found[1].stack.splitlines()[-1] == 'File "<cell>", line 2 in <module>', found
     assert found[1].record == {"cell": found[1].record["cell"]}  # no multi-process program yet
+
+
+def test_a_cell_interrupted_before_it_reached_its_process_never_runs(cluster):
+    import time
+
+    from jaxcluster.cells import requests
+    from jaxcluster.cells.live import Relay
+    from jaxcluster.errors import remote_error
+
+    cluster.run("pass")  # the inboxes are connected (an engine greets only between requests)
+    # ipyparallel's own request keeps every main thread busy: the cell waits in the inboxes
+    busy = cluster.view.execute(
+        "from ipyparallel.datapub import publish_data\n"
+        "import time\n"
+        "publish_data({'sleeping': True})\n"
+        "time.sleep(2)", block=False)
+    deadline = time.monotonic() + 10
+    while not all(busy.data) and time.monotonic() < deadline:  # each engine said it sleeps
+        time.sleep(0.02)
+    cell = requests.submit(cluster, "ran_late = True", None, Relay(4))
+    try:
+        cell.interrupt([0, 1, 2, 3])
+        assert cell.wait(30)
+        records = cell.metadata()
+    finally:
+        cell.close()
+    busy.get(30)  # not ours to interrupt: it ran to its end
+    assert [r["status"] for r in records] == ["error"] * 4
+    assert {remote_error(r["error"])["ename"] for r in records} == {"KeyboardInterrupt"}
+    result = cluster.run("print('ran_late' in globals())")
+    assert [p.stdout.strip() for p in result.processes] == ["False"] * 4
+
+
+def test_an_interrupt_that_lands_before_the_cells_code_waits_for_it(cluster):
+    """IPython catches a KeyboardInterrupt raised in its event callbacks, prints it and runs the
+    cell on: an interrupt that lands there waits for the cell's code, and stops it."""
+    cluster.run("import time\n_slow = lambda *_: time.sleep(1)\n"
+                "get_ipython().events.register('pre_run_cell', _slow)")
+    try:
+        result = cluster.run("time.sleep(30)", timeout=0.5)  # interrupted inside _slow
+    finally:
+        cluster.run("get_ipython().events.unregister('pre_run_cell', _slow)")
+    assert result.interrupted == [0, 1, 2, 3] and not result.restarted
+    assert {p.error["ename"] for p in result.processes} == {"KeyboardInterrupt"}
+    for proc in result.processes:  # it ends in the cell's code, as under Python's own handler
+        shown = re.sub(r"\x1b\[[0-9;]*m", "", proc.error["traceback"])
+        assert [line for line in shown.splitlines() if "---->" in line] == [
+            "----> 1 time.sleep(30)"], shown
 
 
 def test_status_shows_a_busy_process(cluster):

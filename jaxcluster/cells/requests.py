@@ -42,6 +42,8 @@ class CellRequest(Protocol):
 
     def metadata(self) -> list[dict]: ...  # ipyparallel's record of each process: output, status
 
+    def interrupt(self, processes: list[int]) -> None: ...  # those yet to start it never will
+
     def close(self) -> None: ...
 
 
@@ -57,6 +59,7 @@ class _Cell:
     def __init__(self, cluster: ClusterHandle, code: str, label: str | None, relay: Relay) -> None:
         self.client = cluster.client
         self.inboxes = cluster.inboxes
+        self.backchannel = cluster.backchannel
         self.outputs: list[Any] = []  # ipyparallel's output future of each process's header
         parents = {}
         for p in cluster.processes:
@@ -131,6 +134,12 @@ class _Cell:
             return {"status": "error", "error": RemoteError("EngineError", text, "")}
         name, _, message = text.partition(": ")
         return {"status": "error", "error": RemoteError(name, message, "")}
+
+    def interrupt(self, processes: list[int]) -> None:
+        """SIGINT to the cell on each of ``processes`` (``engine/cells.interrupt``), over the
+        back channel: one whose request has not reached its process's main thread yet (the
+        inbox is another path) never runs."""
+        self.backchannel.start({p: ("interrupt", [self.msg_ids[p]]) for p in processes})
 
     def close(self) -> None:
         self.inboxes.finish(self.pending)

@@ -15,7 +15,6 @@ restarted (a death always needs one), and its setup cells replayed.
 from __future__ import annotations
 
 import concurrent.futures
-import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -24,7 +23,7 @@ from typing import Any
 from ..contracts import ClusterHandle
 from ..errors import UNKNOWN_ERROR, SPMDError, remote_error
 from ..render.labels import process_label
-from . import asks, evidence, global_values, hang, requests
+from . import asks, evidence, global_values, hang, interrupts, requests
 from .live import Relay
 
 DEFAULT_HANG_AFTER = 10.0
@@ -123,16 +122,23 @@ def run(
     label = CELL_LABEL.format(cell_number) if cell_number is not None else None
     result = SPMDResult([ProcessOutput(p.process_index) for p in cluster.processes])
     result.live = Relay(len(result.processes))
-    began = time.monotonic()
-    cell = requests.submit(cluster, code, label, result.live)
     result.timeout = timeout
-    watcher = _Watcher(cluster, cell, result, began, timeout, hang_after, on_input)
+    began = time.monotonic()
+    watcher: _Watcher | None = None
     try:
+        with interrupts.held() as pressed:  # a press while the cell is sent stops it once sent
+            cell = requests.submit(cluster, code, label, result.live)
+            watcher = _Watcher(cluster, cell, result, began, timeout, hang_after, on_input)
+        if pressed.is_set():
+            raise KeyboardInterrupt
         watcher.watch(on_update)
     except KeyboardInterrupt:
+        if watcher is None:
+            raise  # before any process was sent the cell
         watcher.stop_running("interrupt")
     finally:
-        cell.close()
+        if watcher is not None:
+            watcher.cell.close()
     result.elapsed = time.monotonic() - began
     idle = not any(p.state in ("running", "stuck", "died") for p in result.processes)
     result.values = global_values.resolve(cluster.view if idle else None, result)
@@ -259,8 +265,7 @@ class _Watcher:
         those left with a multi-process program in flight that others never ran."""
         running = [p for p in self.result.processes if p.state == "running"]
         if running:
-            self.cluster.backchannel.tell([p.process_index for p in running], "signal",
-                                          signal.SIGINT)
+            self.cell.interrupt([p.process_index for p in running])
             self.cell.wait(INTERRUPT_GRACE)
             self._collect(self.cell.metadata())
         self.result.failure = failure

@@ -1,6 +1,6 @@
 """What runs on an engine, in one JAX process; the notebook sends these modules' functions by
 reference. It offers ``process``, ``topology``, ``bootstrap``, ``forking``, ``cells``, ``inbox``,
-``backchannel``, ``dispatch``, ``values``, ``data``, ``sharding``, ``stdin``, ``sync``,
+``backchannel``, ``dispatch``, ``values``, ``data``, ``sharding``, ``stdin``, ``sigint``, ``sync``,
 ``scripts`` and ``introspect``; ``__main__`` is what every launcher runs (``python -m
 jaxcluster.engine``). IPython only where the engine's own shell is needed."""
 
@@ -16,6 +16,7 @@ __all__ = [
     "process",
     "scripts",
     "sharding",
+    "sigint",
     "stdin",
     "sync",
     "topology",

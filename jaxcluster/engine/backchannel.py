@@ -4,7 +4,7 @@ every host, answered while the main thread may be busy in a cell.
 ipyparallel routes control messages by an engine's registration, also to engines that are
 busy, and ipykernel serves them on a thread of its own. A process blocked inside XLA (a
 collective, a transfer) has released the GIL, so that thread can look at the main thread's
-Python stack (``sys._current_frames``) and at the dispatch record, signal the process, and
+Python stack (``sys._current_frames``) and at the dispatch record, interrupt the cell, and
 answer a read of stdin that waits for the notebook (``stdin.py``).
 
 A request (message type ``jaxcluster_request``) names one call, as JSON, never a pickle; like
@@ -20,14 +20,13 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 import sys
 import threading
 import traceback
 from collections.abc import Callable
 from typing import Any
 
-from . import dispatch, inbox, stdin
+from . import cells, dispatch, inbox, stdin
 
 REQUEST = "jaxcluster_request"
 REPLY = "jaxcluster_reply"
@@ -94,10 +93,5 @@ def where() -> dict[str, Any]:
     return {"stack": stack, "dispatch": dispatch.latest(), "asking": stdin.asking()}
 
 
-def send_signal(signum: int) -> None:
-    """Signal this process (SIGINT interrupts its cell, where Python runs)."""
-    os.kill(os.getpid(), signum)
-
-
 CALLS: dict[str, Callable[..., Any]] = {
-    "where": where, "counts": dispatch.counts, "signal": send_signal, "answer": stdin.answer}
+    "where": where, "counts": dispatch.counts, "interrupt": cells.interrupt, "answer": stdin.answer}

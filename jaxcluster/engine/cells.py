@@ -4,7 +4,12 @@ temporary file, so every process reports the same text and ``%%spmd`` collapses 
 
 ``%%spmd`` sends the notebook's execution count as the request's ``label`` metadata.
 
-``run_cell`` runs a cell asked for through the engine's inbox (``engine/inbox.py``).
+``run_cell`` runs a cell asked for through the engine's inbox (``engine/inbox.py``) or its back
+channel. ``interrupt`` (from the back channel's thread) stops one: its code gets one
+``KeyboardInterrupt``, however early the press came; one whose request has not reached the
+main thread yet (it travels by another path than the interrupt) does not run at all, and ends
+in the same ``KeyboardInterrupt``. Either way the process keeps its state, and the notebook
+never finds the cell still running after it interrupted it.
 """
 
 from __future__ import annotations
@@ -12,12 +17,18 @@ from __future__ import annotations
 import asyncio
 import signal
 import sys
+import threading
 import warnings
 from typing import Any
+
+from . import sigint
 
 LABEL_PREFIX = "jaxcluster-cell:"
 _installed = False
 _counts: dict[int, int] = {}
+# the cell (its request's msg_id) the main thread runs, and the last one interrupted
+_cells: dict[str, str | None] = {"running": None, "interrupted": None}
+_cells_lock = threading.Lock()
 
 
 def install() -> None:
@@ -82,7 +93,10 @@ def run_cell(code: str, parent: dict[str, Any]) -> bool | asyncio.Future[bool]:
     kernel = shell.kernel
     kernel.set_parent([], parent, "shell")
     stdin.take_over(parent)
-    kernel.pre_handler_hook()  # SIGINT interrupts the cell, as during a request
+    if not _started(kernel, parent["header"]["msg_id"]):
+        shell.showtraceback((KeyboardInterrupt, KeyboardInterrupt(), None), exception_only=True)
+        _publish_idle(kernel, parent)
+        return False
     try:
         transformed, failed = shell.transform_cell(code), None
     except Exception:
@@ -93,6 +107,30 @@ def run_cell(code: str, parent: dict[str, Any]) -> bool | asyncio.Future[bool]:
         return _said(shell, shell.run_cell(code, store_history=True, silent=False))
     finally:
         _end(kernel, parent)
+
+
+def interrupt(msg_id: str) -> bool:
+    """Interrupt the cell of request ``msg_id`` (from the back channel's thread): True when it
+    runs, and its code gets a ``KeyboardInterrupt`` (``sigint``); otherwise it will not run,
+    should its request still come."""
+    with _cells_lock:
+        if _cells["running"] == msg_id:
+            sigint.press()
+            return True
+        _cells["interrupted"] = msg_id
+        return False
+
+
+def _started(kernel: Any, msg_id: str) -> bool:
+    """Mark the cell running, SIGINT interrupting its code from here on; False when it was
+    interrupted before it started."""
+    with _cells_lock:
+        if _cells["interrupted"] == msg_id:
+            return False
+        kernel.pre_handler_hook()  # keeps the handler between requests, to put back at the end
+        sigint.cell_started()
+        _cells["running"] = msg_id
+        return True
 
 
 def _awaiting(shell: Any, code: str, transformed: str, end: Any) -> asyncio.Future[bool]:
@@ -130,7 +168,15 @@ def _said(shell: Any, result: Any) -> bool:
 
 
 def _end(kernel: Any, parent: dict[str, Any]) -> None:
-    kernel.post_handler_hook()
+    """The cell is done: SIGINT is ignored again, as between requests; its messages end."""
+    with _cells_lock:
+        sigint.cell_ended()
+        kernel.post_handler_hook()
+        _cells["running"] = None
+    _publish_idle(kernel, parent)
+
+
+def _publish_idle(kernel: Any, parent: dict[str, Any]) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     kernel.session.send(kernel.iopub_socket, "status", {"execution_state": "idle"},

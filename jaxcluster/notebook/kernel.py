@@ -12,8 +12,10 @@ It is ipykernel's ``IPythonKernel`` with jaxcluster loaded, plus:
 
 Which cells go where is decided in ``kernel_cells`` (pure); ``%%local`` and ``x?`` are the
 magics of ``kernel_magics``; what process 0 runs to answer is in ``engine.introspect``.
-Interrupts need nothing here: the kernelspec asks for ``interrupt_mode: signal``, so SIGINT
-raises KeyboardInterrupt in the running ``%%spmd`` cell, which interrupts every process.
+The kernelspec asks for ``interrupt_mode: signal``: SIGINT raises KeyboardInterrupt in the
+running ``%%spmd`` cell, which interrupts every process. A press that lands in ipykernel's own
+code, before the cell runs, would leave the request unanswered: it waits for the cell
+(``pre_handler_hook``).
 
 Run as ``python -m jaxcluster.notebook.kernel -f CONNECTION_FILE`` (what the kernelspec does).
 """
@@ -23,9 +25,10 @@ from __future__ import annotations
 import contextlib
 import inspect
 import os
+import signal
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from ipykernel.ipkernel import IPythonKernel
@@ -118,6 +121,7 @@ class JaxClusterKernel(IPythonKernel):
         super().__init__(**kwargs)
         self._autostart: _AutoStart | None = None
         self._autostart_error = ""
+        self._pressed = threading.Event()  # the stop button, while a request is handled
         shell = self.shell
         assert shell is not None  # IPythonKernel.__init__ made it
         shell.extension_manager.load_extension("jaxcluster")
@@ -210,12 +214,53 @@ class JaxClusterKernel(IPythonKernel):
 
     # -- messages ---------------------------------------------------------------------------
 
+    def pre_handler_hook(self) -> None:
+        """ipykernel lets SIGINT raise for the whole request: a press that lands in its own code
+        (after it announced the cell, before the cell runs) is caught there, and the request is
+        never answered; the front end shows the cell running for good. Here a press is only
+        noted; ``do_execute`` raises it where the cell runs, and answers it."""
+        pressed = self._pressed = threading.Event()
+        self.saved_sigint_handler = signal.signal(signal.SIGINT, lambda *_: pressed.set())
+
     async def do_execute(self, code: str, silent: bool, *args: Any, **kwargs: Any) -> Any:
-        if not silent:
-            self._report_autostart()
-        elif self._autostart is not None:
-            self._autostart.done.wait(self.start_timeout + 30)
-        return await super().do_execute(code, silent, *args, **kwargs)
+        assert self.shell is not None
+        count = self.shell.execution_count  # the number the front end was told
+        try:
+            with self._interruptible():
+                if not silent:
+                    self._report_autostart()
+                elif self._autostart is not None:
+                    self._autostart.done.wait(self.start_timeout + 30)
+                return await super().do_execute(code, silent, *args, **kwargs)
+        except KeyboardInterrupt:  # before IPython ran the cell's code, or after it
+            return self._interrupted(count)
+
+    @contextlib.contextmanager
+    def _interruptible(self) -> Iterator[None]:
+        """SIGINT raises KeyboardInterrupt in the block, at once for a press noted before it.
+        Only in the main thread, where ipykernel runs a request that SIGINT may interrupt (a
+        subshell's thread gets no signals)."""
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        held = signal.signal(signal.SIGINT, signal.default_int_handler)
+        try:
+            if self._pressed.is_set():
+                raise KeyboardInterrupt
+            yield
+        finally:
+            signal.signal(signal.SIGINT, held)
+
+    def _interrupted(self, count: int) -> dict[str, Any]:
+        """The reply of a cell interrupted outside its code, shown as IPython shows one inside."""
+        assert self.shell is not None
+        error = (KeyboardInterrupt, KeyboardInterrupt(), None)
+        self.shell.showtraceback(error, exception_only=True)
+        return {
+            "status": "error", "ename": "KeyboardInterrupt", "evalue": "",
+            "traceback": self.shell.InteractiveTB.get_exception_only(*error[:2]),
+            "execution_count": count, "user_expressions": {}, "payload": [],
+        }
 
     def ask_process0(self, func: Callable[..., Any], *args: Any) -> Any:
         """``func(*args)`` on process 0, or None when no cluster runs or it does not answer."""

@@ -1,0 +1,114 @@
+"""The stop button on an engine: one ``KeyboardInterrupt``, raised in the running cell's code.
+
+IPython runs event callbacks around a cell's code (``pre_run_cell`` and the like: ours,
+matplotlib's, a user's) and catches a ``KeyboardInterrupt`` raised in one, prints it and runs
+the cell on; and a signal sent while the cell starts is now and then never seen by Python at
+all. Either way the cell would run on after the notebook interrupted it, and the cluster be
+restarted for a process that "could not be stopped". So ``press`` signals the main thread, again
+and again, until the cell's code raised the ``KeyboardInterrupt`` (``handler`` raises only inside
+IPython's ``run_code``), the cell ended, or ``RESEND_FOR`` passed; a press raises it once.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import signal
+import threading
+import time
+import types
+from typing import Any
+
+RESEND_EVERY = 0.02  # seconds between looks while a press waits for the cell's code
+LOST_AFTER = 0.1  # seconds after which a signal Python has not handled is sent again
+RESEND_FOR = 2.0  # seconds a press waits for the code (the notebook calls it stuck after 3)
+
+# running: a cell runs; press: the number of the press under way (0: none); delivered: its
+# KeyboardInterrupt was raised; handled: Python saw the last signal
+_state: dict[str, Any] = {"running": False, "press": 0, "delivered": False, "handled": True}
+_presses = itertools.count(1)
+
+
+def cell_started() -> None:
+    """Take SIGINT for the cell that starts (main thread)."""
+    _state.update(running=True, delivered=False)
+    signal.signal(signal.SIGINT, handler)
+
+
+def cell_ended() -> None:
+    _state["running"] = False
+
+
+def press() -> None:
+    """Interrupt the running cell's code (from any thread)."""
+    number = next(_presses)
+    _state.update(press=number, delivered=False)
+    threading.Thread(target=_signal_until_delivered, args=(number,), name="jaxcluster-sigint",
+                     daemon=True).start()
+
+
+def handler(signum: int, frame: Any) -> None:
+    """SIGINT while a cell runs: ``KeyboardInterrupt`` where the cell's code runs, once a
+    press; elsewhere it is left to the next signal."""
+    _state["handled"] = True
+    if _state["delivered"] or not _in_code(frame):
+        return
+    if _state["press"]:
+        _state["delivered"] = True
+    interrupt = KeyboardInterrupt()
+    # IPython shows an exception through its _render_traceback_ (mypy knows no such attribute)
+    setattr(interrupt, "_render_traceback_", functools.partial(_traceback, interrupt))  # noqa: B010
+    raise interrupt
+
+
+def _traceback(interrupt: KeyboardInterrupt) -> list[str]:
+    """IPython's traceback of ``interrupt`` (the ``_render_traceback_`` it looks for), without
+    ``handler``'s frame: it ends in the cell's code, as under Python's own handler."""
+    from IPython import get_ipython
+
+    kept = []
+    entry = interrupt.__traceback__
+    while entry is not None:
+        if entry.tb_frame.f_code is not handler.__code__:
+            kept.append(entry)
+        entry = entry.tb_next
+    rebuilt = None
+    for entry in reversed(kept):
+        rebuilt = types.TracebackType(rebuilt, entry.tb_frame, entry.tb_lasti, entry.tb_lineno)
+    return get_ipython().InteractiveTB.structured_traceback(KeyboardInterrupt, interrupt, rebuilt)
+
+
+def _signal_until_delivered(number: int) -> None:
+    deadline = time.monotonic() + RESEND_FOR
+    sent = 0.0
+    while _state["press"] == number and not _state["delivered"] and _state["running"] \
+            and time.monotonic() < deadline:
+        now = time.monotonic()
+        if _state["handled"] or now - sent >= LOST_AFTER:
+            _state["handled"] = False
+            sent = now
+            _signal_main_thread()
+        time.sleep(RESEND_EVERY)
+    time.sleep(LOST_AFTER)  # a signal still on its way finds the press delivered
+    if _state["press"] == number:  # not another press meanwhile
+        _state.update(press=0, delivered=False)
+
+
+def _signal_main_thread() -> None:
+    """SIGINT to the main thread itself: sent to the process, another thread may take it, and
+    the main thread, asleep in C (``time.sleep``), would not look at it until it wakes."""
+    main = threading.main_thread().ident
+    assert main is not None
+    signal.pthread_kill(main, signal.SIGINT)
+
+
+def _in_code(frame: Any) -> bool:
+    """Whether ``frame`` runs inside IPython's ``run_code``: the cell's own code."""
+    from IPython.core.interactiveshell import InteractiveShell
+
+    code = InteractiveShell.run_code.__code__
+    while frame is not None:
+        if frame.f_code is code:
+            return True
+        frame = frame.f_back
+    return False
