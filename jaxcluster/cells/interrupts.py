@@ -1,9 +1,12 @@
-"""The stop button (SIGINT to the notebook) while a cell is being sent to the processes.
+"""The stop button (SIGINT to the notebook) while a cell runs on the processes.
 
-Raised at any point of sending, a ``KeyboardInterrupt`` would leave the cell running on the
-processes it reached, with nothing watching them: the notebook would show a bare interrupt, and
-the next cell would wait behind one that may never end. While the cell is sent, a SIGINT is
-only noted; the caller interrupts the cell once it is sent, as for a press a moment later.
+A ``KeyboardInterrupt`` raised at an arbitrary point of watching a cell lands in
+``concurrent.futures``' or ipyparallel's own bookkeeping as often as in ours: while the cell was
+being sent it left the cell running, unwatched, on the processes it had reached; inside
+``concurrent.futures.wait`` it can leave a future's lock taken, and the next thread to resolve
+that future waits for good. So while a cell is sent and watched, a SIGINT is only noted; the
+watcher looks at the note between its waits (at least every ``HEALTH_EVERY``), and lets SIGINT
+raise again only where that is the way to stop a wait: the notebook's own ``input()``.
 """
 
 from __future__ import annotations
@@ -12,19 +15,62 @@ import contextlib
 import signal
 import threading
 from collections.abc import Iterator
+from typing import Any
+
+
+class Press:
+    """The stop button, noted instead of raised while a cell runs (``held``)."""
+
+    def __init__(self, raising: Any = None) -> None:
+        self.pressed = threading.Event()
+        self._raising = raising  # the handler SIGINT had: None where it was not a Python one
+
+    @contextlib.contextmanager
+    def released(self) -> Iterator[None]:
+        """SIGINT raises as before during the block, and a press noted before it raises now."""
+        if self._raising is None:
+            yield
+            return
+        signal.signal(signal.SIGINT, self._raising)
+        try:
+            if self.pressed.is_set():
+                raise KeyboardInterrupt
+            yield
+        finally:
+            signal.signal(signal.SIGINT, lambda *_: self.pressed.set())
+
+
+# a press the notebook kernel noted before the cell's code ran (a plain flag: a signal handler
+# sets it, and must take no lock the main thread may hold)
+_early = {"pressed": False}
+
+
+def note_early_press() -> None:
+    """From a SIGINT handler: the stop button, pressed before the cell's code ran (in IPython's
+    callbacks, which would print a KeyboardInterrupt and run the cell on); the cell's
+    ``held`` starts pressed."""
+    _early["pressed"] = True
+
+
+def forget_early_press() -> None:
+    """The cell is over: a press that met no ``held`` is dropped, as IPython would drop it."""
+    _early["pressed"] = False
 
 
 @contextlib.contextmanager
-def held() -> Iterator[threading.Event]:
-    """A SIGINT during the block sets the event instead of interrupting it. Only where a
+def held() -> Iterator[Press]:
+    """SIGINT during the block is noted in the ``Press`` instead of raising. Only where a
     Python handler takes SIGINT (the main thread, in a cell); elsewhere nothing changes."""
-    pressed = threading.Event()
-    if (threading.current_thread() is not threading.main_thread()
-            or not callable(signal.getsignal(signal.SIGINT))):
-        yield pressed
+    previous = signal.getsignal(signal.SIGINT)
+    if threading.current_thread() is not threading.main_thread() or not callable(previous):
+        yield Press()
         return
-    previous = signal.signal(signal.SIGINT, lambda *_: pressed.set())
+    press = Press(previous)
+    if _early["pressed"]:
+        _early["pressed"] = False
+        press.pressed.set()
+    signal.signal(signal.SIGINT, lambda *_: press.pressed.set())
     try:
-        yield pressed
+        yield press
     finally:
         signal.signal(signal.SIGINT, previous)

@@ -124,21 +124,15 @@ def run(
     result.live = Relay(len(result.processes))
     result.timeout = timeout
     began = time.monotonic()
-    watcher: _Watcher | None = None
-    try:
-        with interrupts.held() as pressed:  # a press while the cell is sent stops it once sent
-            cell = requests.submit(cluster, code, label, result.live)
-            watcher = _Watcher(cluster, cell, result, began, timeout, hang_after, on_input)
-        if pressed.is_set():
-            raise KeyboardInterrupt
-        watcher.watch(on_update)
-    except KeyboardInterrupt:
-        if watcher is None:
-            raise  # before any process was sent the cell
-        watcher.stop_running("interrupt")
-    finally:
-        if watcher is not None:
-            watcher.cell.close()
+    with interrupts.held() as press:
+        cell = requests.submit(cluster, code, label, result.live)
+        watcher = _Watcher(cluster, cell, result, began, timeout, hang_after, on_input, press)
+        try:
+            watcher.watch(on_update)
+        except KeyboardInterrupt:  # pressed while the front end was asked for input
+            watcher.stop_running("interrupt")
+        finally:
+            cell.close()
     result.elapsed = time.monotonic() - began
     idle = not any(p.state in ("running", "stuck", "died") for p in result.processes)
     result.values = global_values.resolve(cluster.view if idle else None, result)
@@ -177,9 +171,11 @@ class _Watcher:
         timeout: float | None,
         hang_after: float,
         on_input: asks.Ask | None = None,
+        press: interrupts.Press | None = None,
     ) -> None:
         self.cluster = cluster
         self.on_input = on_input
+        self.press = press or interrupts.Press()
         self.cell = cell
         self.result = result
         self.began = began
@@ -202,6 +198,9 @@ class _Watcher:
         while True:
             now = time.monotonic()
             self._collect(self.cell.metadata())
+            if self.press.pressed.is_set():  # the stop button (``interrupts``)
+                self.stop_running("interrupt")
+                return
             if self._answer_reads(on_update):
                 continue  # the answers took the user's time: look at everything again
             if on_update is not None and now - last_update >= UPDATE_EVERY:
@@ -234,7 +233,8 @@ class _Watcher:
             self.result.processes[index].asking = prompt
         if on_update is not None:
             on_update(self.result)  # the status line says who waits, before the prompt
-        reads.answer(self.cluster.backchannel, self.on_input)
+        with self.press.released():  # the stop button ends the front end's wait for input
+            reads.answer(self.cluster.backchannel, self.on_input)
         for index in waiting:
             self.result.processes[index].asking = ""
         return True

@@ -7,6 +7,8 @@ all. Either way the cell would run on after the notebook interrupted it, and the
 restarted for a process that "could not be stopped". So ``press`` signals the main thread, again
 and again, until the cell's code raised the ``KeyboardInterrupt`` (``handler`` raises only inside
 IPython's ``run_code``), the cell ended, or ``RESEND_FOR`` passed; a press raises it once.
+The notebook kernel tells its own cells' code from IPython's callbacks the same way
+(``in_code``, ``keyboard_interrupt``).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from typing import Any
 RESEND_EVERY = 0.02  # seconds between looks while a press waits for the cell's code
 LOST_AFTER = 0.1  # seconds after which a signal Python has not handled is sent again
 RESEND_FOR = 2.0  # seconds a press waits for the code (the notebook calls it stuck after 3)
+SETTLE = 0.5  # seconds after a press during which a late signal of it is ignored
 
 # running: a cell runs; press: the number of the press under way (0: none); delivered: its
 # KeyboardInterrupt was raised; handled: Python saw the last signal
@@ -31,7 +34,7 @@ _presses = itertools.count(1)
 
 def cell_started() -> None:
     """Take SIGINT for the cell that starts (main thread)."""
-    _state.update(running=True, delivered=False)
+    _state["running"] = True
     signal.signal(signal.SIGINT, handler)
 
 
@@ -51,29 +54,33 @@ def handler(signum: int, frame: Any) -> None:
     """SIGINT while a cell runs: ``KeyboardInterrupt`` where the cell's code runs, once a
     press; elsewhere it is left to the next signal."""
     _state["handled"] = True
-    if _state["delivered"] or not _in_code(frame):
+    if _state["delivered"] or not in_code(frame):
         return
     if _state["press"]:
         _state["delivered"] = True
+    raise keyboard_interrupt()
+
+
+def keyboard_interrupt() -> KeyboardInterrupt:
+    """The ``KeyboardInterrupt`` a SIGINT handler raises: IPython shows its traceback (through
+    ``_render_traceback_``) without the handler's frame, ending in the cell's code as under
+    Python's own handler."""
     interrupt = KeyboardInterrupt()
-    # IPython shows an exception through its _render_traceback_ (mypy knows no such attribute)
+    # IPython's hook for an exception's traceback (mypy knows no such attribute)
     setattr(interrupt, "_render_traceback_", functools.partial(_traceback, interrupt))  # noqa: B010
-    raise interrupt
+    return interrupt
 
 
 def _traceback(interrupt: KeyboardInterrupt) -> list[str]:
-    """IPython's traceback of ``interrupt`` (the ``_render_traceback_`` it looks for), without
-    ``handler``'s frame: it ends in the cell's code, as under Python's own handler."""
     from IPython import get_ipython
 
-    kept = []
+    entries = []
     entry = interrupt.__traceback__
     while entry is not None:
-        if entry.tb_frame.f_code is not handler.__code__:
-            kept.append(entry)
+        entries.append(entry)
         entry = entry.tb_next
     rebuilt = None
-    for entry in reversed(kept):
+    for entry in reversed(entries[:-1]):  # the last is the handler that raised it
         rebuilt = types.TracebackType(rebuilt, entry.tb_frame, entry.tb_lasti, entry.tb_lineno)
     return get_ipython().InteractiveTB.structured_traceback(KeyboardInterrupt, interrupt, rebuilt)
 
@@ -89,7 +96,7 @@ def _signal_until_delivered(number: int) -> None:
             sent = now
             _signal_main_thread()
         time.sleep(RESEND_EVERY)
-    time.sleep(LOST_AFTER)  # a signal still on its way finds the press delivered
+    time.sleep(SETTLE)  # a signal still on its way finds the press delivered, not the next cell
     if _state["press"] == number:  # not another press meanwhile
         _state.update(press=0, delivered=False)
 
@@ -102,7 +109,7 @@ def _signal_main_thread() -> None:
     signal.pthread_kill(main, signal.SIGINT)
 
 
-def _in_code(frame: Any) -> bool:
+def in_code(frame: Any) -> bool:
     """Whether ``frame`` runs inside IPython's ``run_code``: the cell's own code."""
     from IPython.core.interactiveshell import InteractiveShell
 

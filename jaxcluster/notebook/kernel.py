@@ -14,8 +14,9 @@ Which cells go where is decided in ``kernel_cells`` (pure); ``%%local`` and ``x?
 magics of ``kernel_magics``; what process 0 runs to answer is in ``engine.introspect``.
 The kernelspec asks for ``interrupt_mode: signal``: SIGINT raises KeyboardInterrupt in the
 running ``%%spmd`` cell, which interrupts every process. A press that lands in ipykernel's own
-code, before the cell runs, would leave the request unanswered: it waits for the cell
-(``pre_handler_hook``).
+code, before the cell runs, would leave the request unanswered, and one in IPython's event
+callbacks would be printed and dropped: both wait for the cell (``pre_handler_hook``,
+``_on_sigint``).
 
 Run as ``python -m jaxcluster.notebook.kernel -f CONNECTION_FILE`` (what the kernelspec does).
 """
@@ -34,6 +35,8 @@ from typing import TYPE_CHECKING, Any
 from ipykernel.ipkernel import IPythonKernel
 from traitlets import Float, Integer, Unicode
 
+from ..cells import interrupts
+from ..engine import sigint
 from ..engine.introspect import complete, inspect_name
 from .kernel_cells import SPMDByDefault, remote_code
 from .kernel_magics import KernelMagics
@@ -237,19 +240,20 @@ class JaxClusterKernel(IPythonKernel):
 
     @contextlib.contextmanager
     def _interruptible(self) -> Iterator[None]:
-        """SIGINT raises KeyboardInterrupt in the block, at once for a press noted before it.
-        Only in the main thread, where ipykernel runs a request that SIGINT may interrupt (a
-        subshell's thread gets no signals)."""
+        """SIGINT interrupts the cell in the block (``_on_sigint``), at once for a press noted
+        before it. Only in the main thread, where ipykernel runs a request that SIGINT may
+        interrupt (a subshell's thread gets no signals)."""
         if threading.current_thread() is not threading.main_thread():
             yield
             return
-        held = signal.signal(signal.SIGINT, signal.default_int_handler)
+        held = signal.signal(signal.SIGINT, _on_sigint)
         try:
             if self._pressed.is_set():
                 raise KeyboardInterrupt
             yield
         finally:
             signal.signal(signal.SIGINT, held)
+            interrupts.forget_early_press()
 
     def _interrupted(self, count: int) -> dict[str, Any]:
         """The reply of a cell interrupted outside its code, shown as IPython shows one inside."""
@@ -333,6 +337,15 @@ class JaxClusterKernel(IPythonKernel):
             loaded.stop_all()
         if auto is not None:
             auto.cluster.stop()  # safe twice; covers a started cluster the magics never adopted
+
+
+def _on_sigint(signum: int, frame: Any) -> None:
+    """The stop button while a cell runs: ``KeyboardInterrupt`` in the cell's code; around it,
+    in IPython's event callbacks, which would print it and run the cell on, it is noted for the
+    cell's ``%%spmd`` (``cells.interrupts``)."""
+    if sigint.in_code(frame):
+        raise sigint.keyboard_interrupt()
+    interrupts.note_early_press()
 
 
 async def _settled(reply: Any) -> Any:
