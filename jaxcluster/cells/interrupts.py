@@ -52,9 +52,10 @@ def note_early_press() -> None:
     _early["pressed"] = True
 
 
-def forget_early_press() -> None:
-    """The cell is over: a press that met no ``held`` is dropped, as IPython would drop it."""
-    _early["pressed"] = False
+def forget_early_press() -> bool:
+    """Drop a press noted early (the cell is over, or a request starts); whether there was one."""
+    pressed, _early["pressed"] = _early["pressed"], False
+    return pressed
 
 
 @contextlib.contextmanager

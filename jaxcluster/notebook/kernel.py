@@ -124,7 +124,6 @@ class JaxClusterKernel(IPythonKernel):
         super().__init__(**kwargs)
         self._autostart: _AutoStart | None = None
         self._autostart_error = ""
-        self._pressed = threading.Event()  # the stop button, while a request is handled
         shell = self.shell
         assert shell is not None  # IPythonKernel.__init__ made it
         shell.extension_manager.load_extension("jaxcluster")
@@ -222,8 +221,9 @@ class JaxClusterKernel(IPythonKernel):
         (after it announced the cell, before the cell runs) is caught there, and the request is
         never answered; the front end shows the cell running for good. Here a press is only
         noted; ``do_execute`` raises it where the cell runs, and answers it."""
-        pressed = self._pressed = threading.Event()
-        self.saved_sigint_handler = signal.signal(signal.SIGINT, lambda *_: pressed.set())
+        interrupts.forget_early_press()
+        self.saved_sigint_handler = signal.signal(
+            signal.SIGINT, lambda *_: interrupts.note_early_press())
 
     async def do_execute(self, code: str, silent: bool, *args: Any, **kwargs: Any) -> Any:
         assert self.shell is not None
@@ -248,7 +248,7 @@ class JaxClusterKernel(IPythonKernel):
             return
         held = signal.signal(signal.SIGINT, _on_sigint)
         try:
-            if self._pressed.is_set():
+            if interrupts.forget_early_press():  # pressed before the cell ran
                 raise KeyboardInterrupt
             yield
         finally:
