@@ -1,7 +1,7 @@
 """What runs on an engine, in one JAX process; the notebook sends these modules' functions by
-reference. It offers ``process``, ``topology``, ``bootstrap``, ``forking``, ``cells``, ``inbox``,
-``backchannel``, ``dispatch``, ``values``, ``data``, ``sharding``, ``stdin``, ``sigint``, ``sync``,
-``scripts`` and ``introspect``; ``__main__`` is what every launcher runs (``python -m
+reference. It offers ``process``, ``topology``, ``bootstrap``, ``forking``, ``imports``, ``cells``,
+``inbox``, ``backchannel``, ``dispatch``, ``values``, ``data``, ``sharding``, ``stdin``, ``sigint``,
+``sync``, ``scripts`` and ``introspect``; ``__main__`` is what every launcher runs (``python -m
 jaxcluster.engine``). IPython only where the engine's own shell is needed."""
 
 __all__ = [
@@ -11,6 +11,7 @@ __all__ = [
     "data",
     "dispatch",
     "forking",
+    "imports",
     "inbox",
     "introspect",
     "process",

@@ -42,13 +42,19 @@ def main() -> None:
     channel = forking.begin() if fork else None
     with contextlib.suppress(Exception):  # see above
         import jax  # noqa: F401
-    _import_the_kernel_without_its_debugger()
+    from . import imports
+
+    # an engine has no debug channel (ipyparallel gives it none); a failed import is
+    # reported by ipyparallel, which imports it again
+    with imports.without("debugpy"), contextlib.suppress(Exception):
+        import ipykernel.debugger  # noqa: F401
     # the engine's cells are kept in its memory (In, Out, %history), not written into the
     # user's IPython history database: every engine writing every cell there fills the
     # history the user's own IPython shows, and 64 starting engines contending for its lock
     # made a start 7% slower here
     sys.argv.append("--HistoryManager.hist_file=:memory:")
-    from ipyparallel.engine.app import main as engine_main
+    with imports.entry_points_read_once():
+        from ipyparallel.engine.app import main as engine_main
 
     if channel is not None:
         _import_what_every_engine_needs()
@@ -81,22 +87,6 @@ def _import_what_every_engine_needs() -> None:
 SHELL_IMPORTS = ("IPython.core.oinspect", "IPython.core.completerlib",
                  "IPython.extensions.storemagic", "sqlite3", "bdb", "encodings.idna",
                  "tornado.platform.asyncio")
-
-
-def _import_the_kernel_without_its_debugger() -> None:
-    """Import ipykernel's debugger support with debugpy hidden. An engine has no debug channel
-    (ipyparallel gives it none), and importing debugpy for nothing is about 0.2 s of CPU per
-    process at start. Hidden for this import only: a cell can still ``import debugpy``."""
-    hidden = "debugpy" not in sys.modules
-    if hidden:
-        sys.modules["debugpy"] = None  # type: ignore[assignment]  # makes ``import`` fail
-    try:
-        import ipykernel.debugger  # noqa: F401
-    except Exception:  # ipyparallel imports it again, and reports what is wrong
-        pass
-    finally:
-        if hidden:
-            del sys.modules["debugpy"]
 
 
 def _take_host_name() -> None:

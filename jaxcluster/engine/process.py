@@ -16,6 +16,7 @@ import sys
 import time
 from typing import Any
 
+from . import imports
 from .topology import scheduler_topology
 
 # Where MPI implementations and Slurm put a process's rank; MPI's first, because mpiexec run
@@ -201,7 +202,8 @@ def initialize(
         _cpu_collectives_listen_on(address)
     inbox = _install_hooks(inbox_dir, address, gpus)
     try:
-        return {**describe_jax(), "inbox": inbox}
+        with imports.entry_points_read_once():  # JAX looks for its plugins as its backend starts
+            return {**describe_jax(), "inbox": inbox}
     except Exception as e:
         # JAX's own error for a missing backend can be a bare AssertionError; say what it means.
         platforms = os.environ.get("JAX_PLATFORMS") or "default"
