@@ -67,8 +67,7 @@ def held() -> Iterator[Press]:
         yield Press()
         return
     press = Press(previous)
-    if _early["pressed"]:
-        _early["pressed"] = False
+    if forget_early_press():
         press.pressed.set()
     signal.signal(signal.SIGINT, lambda *_: press.pressed.set())
     try:

@@ -126,7 +126,7 @@ def run(
     began = time.monotonic()
     with interrupts.held() as press:
         cell = requests.submit(cluster, code, label, result.live)
-        watcher = _Watcher(cluster, cell, result, began, timeout, hang_after, on_input, press)
+        watcher = _Watcher(cluster, cell, result, began, timeout, hang_after, press, on_input)
         try:
             watcher.watch(on_update)
         except KeyboardInterrupt:  # pressed while the front end was asked for input
@@ -170,12 +170,12 @@ class _Watcher:
         began: float,
         timeout: float | None,
         hang_after: float,
+        press: interrupts.Press,
         on_input: asks.Ask | None = None,
-        press: interrupts.Press | None = None,
     ) -> None:
         self.cluster = cluster
         self.on_input = on_input
-        self.press = press or interrupts.Press()
+        self.press = press
         self.cell = cell
         self.result = result
         self.began = began
