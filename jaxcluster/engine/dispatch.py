@@ -1,16 +1,25 @@
 """The dispatch record: which multi-process programs this process ran in the current cell.
 
 A process that waits inside JAX after other processes have ended is hung only if the program
-it waits on needs one of them and that one ran it fewer times (``jaxcluster.cells.hang``). To tell,
-every call of a program whose shardings span devices of several processes is counted here, per
-cell, by a wrapper around ``ExecuteReplicated.__call__``. Such calls normally skip Python (jit's
-C++ fast path), so those programs, and only those, are kept off the fast path; single-process
-programs keep it. The latest call is kept as a small record (``latest``), which the engine's
-back channel (``backchannel.py``) hands the notebook while this process is busy.
+it waits on needs one of them and that one ran it fewer times (``jaxcluster.cells.hang``). To
+tell, every call of a program whose shardings span devices of several processes is counted
+here, per cell, on both of JAX's dispatch paths, and JAX keeps its own:
 
-Everything is guarded: where JAX's internals differ, nothing is installed, and a failure inside
-the hook falls back to JAX's own behaviour (an error raised on one process only would leave the
-others waiting in the collective).
+- jit's C++ fast path calls JAX's *post hook* (the one ``jax_debug_nans`` uses) after it
+  dispatched a program, before anything waits for its results: ``counted_fast`` counts there,
+  then calls JAX's own hook, if one is set. It is on the path of every call of every jitted
+  function, so it is kept to a few lookups (``benchmarks/dispatch.py`` measures it).
+- calls that go through Python (a program's first call, programs with effects) run
+  ``ExecuteReplicated.__call__``, wrapped to count before the program runs.
+
+Both paths name a program by the same key: its name and its outputs' shardings and types,
+the same on every process that runs it. The latest call is what the engine's back channel
+(``backchannel.py``) hands the notebook while this process is busy (``latest``).
+
+Everything is guarded: where JAX's internals differ, nothing is installed
+(``jax_internals.missing`` says why), and a failure inside the hook falls back to JAX's own
+behaviour (an error raised on one process only would leave the others waiting in the
+collective).
 """
 
 from __future__ import annotations
@@ -19,21 +28,35 @@ import contextlib
 import hashlib
 import os
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..render.labels import format_ranges
 
-# program key -> calls this cell; programs by ExecuteReplicated -> (key, name, processes, devices)
-_counts: dict[str, int] = {}
-_described: dict[str, tuple[str, str, int]] = {}  # key -> (name, processes "0-3", devices)
-_programs: weakref.WeakKeyDictionary[Any, tuple[str, str, tuple[int, ...], int] | None] = (
-    weakref.WeakKeyDictionary()
-)
-# the latest record is replaced whole, never changed in place: the control thread reads it
-_state: dict[str, Any] = {"installed": False, "cell": 0, "record": None}
+FAST_CACHE = 4096  # programs the fast path remembers before it starts afresh
+
+
+class Program:
+    """A multi-process program, and how often this process dispatched it this cell."""
+
+    __slots__ = ("calls", "devices", "key", "name", "processes")
+
+    def __init__(self, key: str, name: str, processes: tuple[int, ...], devices: int) -> None:
+        self.key, self.name, self.processes, self.devices = key, name, processes, devices
+        self.calls = 0
+
+
+_active: list[Program] = []  # the programs dispatched this cell
+_by_key: dict[str, Program] = {}  # one object per key, whichever path found it
+_slow: weakref.WeakKeyDictionary[Any, Program | None] = weakref.WeakKeyDictionary()
+# id of a program's first output's aval (of the function, for one without outputs) -> the
+# function, weakly (one made and dropped in a loop is not kept alive here), the aval, program
+FastEntry = tuple[weakref.ref[Any], Any, Program | None]
+_fast: dict[int, FastEntry] = {}
+# the latest program is replaced whole, never changed in place: the control thread reads it
+_state: dict[str, Any] = {"installed": False, "cell": 0, "latest": None}
 # called with (program key, outputs) after every multi-process program (``values`` numbers them)
-output_observers: list[Callable[[str, Any], None]] = []
+output_observers: list[Callable[[str, Sequence[Any]], None]] = []
 
 
 def install() -> bool:
@@ -45,82 +68,106 @@ def install() -> bool:
         return True
     if os.environ.get("JAXCLUSTER_DISPATCH_RECORD") == "0":
         return False
-    try:
-        from jax._src import pjit
-        from jax._src.interpreters import pxla
+    from . import jax_internals
 
-        original_fastpath = pjit._get_fastpath_data
-        original_call = pxla.ExecuteReplicated.__call__
-        pxla.InputsHandler.__slots__  # noqa: B018 - the attributes read below must exist
-        pxla.ResultsHandler.__slots__  # noqa: B018
-    except (ImportError, AttributeError):
+    hooks = jax_internals.dispatch_hooks()
+    if hooks is None:
         return False
+    original_call = hooks.execute_replicated.__call__
+    jax_hook = hooks.jax_post_hook
+    leaves, array_type = hooks.tree_leaves, hooks.array_type
+    active, state, observers = _active, _state, output_observers
 
-    def fastpath_data(executable: Any, *args: Any, **kwargs: Any) -> Any:
-        data = original_fastpath(executable, *args, **kwargs)
-        # JAX's own behaviour wins over the record
-        with contextlib.suppress(Exception):
-            if data is not None and _program(executable.unsafe_call) is not None:
-                return None  # every call of it then goes through ExecuteReplicated.__call__
-        return data
-
-    def counted_call(self: Any, *args: Any) -> Any:
+    def counted_slow(self: Any, *args: Any) -> Any:
         program = None
-        with contextlib.suppress(Exception):  # see above
-            program = _program(self)
+        with contextlib.suppress(Exception):  # JAX's own behaviour wins over the record
+            program = _slow_program(self)
             if program is not None:
                 _count(program)
         outputs = original_call(self, *args)
         if program is not None:
-            for observe in output_observers:
+            for observe in observers:
                 with contextlib.suppress(Exception):
-                    observe(program[0], outputs)
+                    observe(program.key, outputs)
         return outputs
 
-    pjit._get_fastpath_data = fastpath_data
-    pxla.ExecuteReplicated.__call__ = counted_call  # type: ignore[method-assign]
-    _state.update(installed=True, originals=(original_fastpath, original_call))
+    def counted_fast(fun: Any, args: Any, kwargs: Any, out: Any) -> None:
+        try:  # not contextlib.suppress: it would make an object on every call
+            flat: list[Any] = [out] if type(out) is array_type else leaves(out)
+            # the C++ path gives a program's outputs the same aval objects at every call
+            aval = flat[0].aval if flat else None
+            known = _fast.get(id(aval) if flat else id(fun))
+            if known is None or known[1] is not aval or known[0]() is not fun:
+                known = _fast_program(fun, aval, flat)
+            program = known[2]
+            if program is not None:
+                program.calls = calls = program.calls + 1
+                if calls == 1:
+                    active.append(program)
+                state["latest"] = program
+                for observe in observers:
+                    observe(program.key, flat)
+        except Exception:  # JAX's own behaviour wins over the record
+            pass
+        chained = jax_hook.value
+        if chained is not None:
+            chained(fun, args, kwargs, out)
+
+    hooks.execute_replicated.__call__ = counted_slow
+    hooks.set_post_hook(counted_fast)
+    _state.update(installed=True, restore=(hooks, original_call))
     _on_every_cell()
     new_cell()
     return True
 
 
 def uninstall() -> None:
-    """JAX's own dispatch again (programs compiled since keep the path they took)."""
+    """JAX's own dispatch again."""
     if not _state["installed"]:
         return
-    from jax._src import pjit
-    from jax._src.interpreters import pxla
-
-    pjit._get_fastpath_data, pxla.ExecuteReplicated.__call__ = _state.pop("originals")  # type: ignore[method-assign]
+    hooks, original_call = _state.pop("restore")
+    hooks.execute_replicated.__call__ = original_call
+    hooks.set_post_hook(None)
     _state["installed"] = False
-    _programs.clear()
+    _slow.clear()
+    _fast.clear()
     shell = _shell()
     if shell is not None and new_cell in shell.events.callbacks["pre_run_cell"]:
         shell.events.unregister("pre_run_cell", new_cell)
-    _state["record"] = None
+    _state["latest"] = None
 
 
 def new_cell(*_: Any) -> None:
     """Forget the counts: a new cell starts (IPython's ``pre_run_cell`` event)."""
     _state["cell"] += 1
-    _counts.clear()
-    _described.clear()
-    _state["record"] = {"cell": _state["cell"]}
+    _state["latest"] = None
+    for program in _active:
+        program.calls = 0
+    _active.clear()
 
 
 def latest() -> dict[str, Any] | None:
     """The multi-process program this process dispatched last in this cell: ``{"cell": n}``
     when none, None when no record is kept (``install`` found JAX's internals differ)."""
-    return _state["record"]
+    if not _state["installed"]:
+        return None
+    cell, program = _state["cell"], _state["latest"]
+    if program is None:
+        return {"cell": cell}
+    return {"cell": cell, "key": program.key, "name": program.name[:80],
+            "count": program.calls, "processes": format_ranges(program.processes),
+            "devices": program.devices}
 
 
 def counts() -> dict[str, Any]:
     """This cell's counts, asked over the back channel (``backchannel.py``):
     ``counts``: program key -> calls; ``programs``: key -> name, processes, devices."""
+    programs = list(_active)
     return {
-        "installed": _state["installed"], "cell": _state["cell"], "counts": dict(_counts),
-        "programs": dict(_described),
+        "installed": _state["installed"], "cell": _state["cell"],
+        "counts": {p.key: p.calls for p in programs},
+        "programs": {p.key: (p.name[:80], format_ranges(p.processes), p.devices)
+                     for p in programs},
     }
 
 
@@ -138,32 +185,53 @@ def _on_every_cell() -> None:
         shell.events.register("pre_run_cell", new_cell)
 
 
-def _program(call: Any) -> tuple[str, str, tuple[int, ...], int] | None:
-    """(key, name, processes, devices) of a program over several processes, else None."""
+def _slow_program(call: Any) -> Program | None:
+    """The program an ``ExecuteReplicated`` runs, if it spans several processes."""
     try:
-        return _programs[call]
+        return _slow[call]
     except KeyError:
         pass
-    shardings = [*call.in_handler.in_shardings, *call.out_handler.out_shardings]
-    devices = {d for s in shardings for d in getattr(s, "device_set", ())}
-    processes = tuple(sorted({d.process_index for d in devices}))
-    program = None
-    if len(processes) > 1:
-        # the same on every process for the same program (XLA's fingerprint is not)
-        signature = repr((call.name, shardings, call.out_handler.out_avals))
-        key = hashlib.sha1(signature.encode(), usedforsecurity=False).hexdigest()[:12]
-        program = (key, str(call.name), processes, len(devices))
-    _programs[call] = program
+    program = _slow[call] = _describe(
+        str(call.name), list(call.out_handler.out_shardings), list(call.out_handler.out_avals),
+        call.in_handler.in_shardings)
     return program
 
 
-def _count(program: tuple[str, str, tuple[int, ...], int]) -> None:
-    key, name, processes, devices = program
-    _counts[key] = count = _counts.get(key, 0) + 1
-    if count == 1:
-        _described[key] = (name[:80], format_ranges(processes), devices)
-    name, ranges, devices = _described[key]
-    _state["record"] = {
-        "cell": _state["cell"], "key": key, "name": name, "count": count,
-        "processes": ranges, "devices": devices,
-    }
+def _fast_program(fun: Any, aval: Any, flat: list[Any]) -> FastEntry:
+    """The program a call on the fast path ran, told by its outputs; remembered by the
+    identity of its first output's aval."""
+    outputs = [leaf for leaf in flat if hasattr(leaf, "sharding")]
+    program = None
+    if outputs:
+        program = _describe(f"jit({getattr(fun, '__name__', 'function')})",
+                            [o.sharding for o in outputs], [o.aval for o in outputs], ())
+    if len(_fast) >= FAST_CACHE:
+        _fast.clear()
+    known = _fast[id(aval) if flat else id(fun)] = (weakref.ref(fun), aval, program)
+    return known
+
+
+def _describe(
+    name: str, out_shardings: list[Any], out_avals: list[Any], in_shardings: Sequence[Any]
+) -> Program | None:
+    devices = {d for s in [*out_shardings, *in_shardings] for d in getattr(s, "device_set", ())}
+    processes = tuple(sorted({d.process_index for d in devices}))
+    if len(processes) < 2:
+        return None
+    # the same on every process for the same program (XLA's fingerprint is not), and on both
+    # dispatch paths: a jitted computation's outputs are on all of its devices
+    signature = repr((name, out_shardings, out_avals))
+    key = hashlib.sha1(signature.encode(), usedforsecurity=False).hexdigest()[:12]
+    program = _by_key.get(key)
+    if program is None:
+        if len(_by_key) >= FAST_CACHE:
+            _by_key.clear()
+        program = _by_key[key] = Program(key, name, processes, len(devices))
+    return program
+
+
+def _count(program: Program) -> None:
+    program.calls += 1
+    if program.calls == 1:
+        _active.append(program)
+    _state["latest"] = program

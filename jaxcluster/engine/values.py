@@ -25,8 +25,7 @@ import contextlib
 import functools
 import hashlib
 import threading
-import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 OPEN, CLOSE = "\u27ea", "\u27eb"  # ⟪ ⟫: what no printout of numbers contains
@@ -36,10 +35,37 @@ MADE_BY = ("device_put", "make_array_from_callback", "make_array_from_single_dev
 PRINT_OPTIONS = ("precision", "threshold", "edgeitems", "linewidth", "suppress", "nanstr",
                  "infstr", "sign", "floatmode", "legacy")
 
-_keys: dict[int, str] = {}  # id(array) -> key
-_arrays: weakref.WeakValueDictionary[str, Any] = weakref.WeakValueDictionary()
-_made: dict[str, int] = {}  # layout -> arrays of it made this cell
-_layouts: dict[tuple[str, int], str | None] = {}  # (program, output) -> layout; None: unneeded
+NUMBER = "_jaxcluster_number"  # an array's (Numbered, number), kept on it: it goes with it
+KEEP_NUMBERED = 256  # (layout, cell) records kept before those with no live array are dropped
+
+
+class Numbered:
+    """How many arrays of one layout were made in one cell. Numbering is on the path of every
+    multi-process program's call, so it is a counter and an attribute on the array; an owner
+    finds a numbered array among JAX's live arrays when a reader asks for it."""
+
+    __slots__ = ("count", "prefix")
+
+    def __init__(self, prefix: str) -> None:
+        self.prefix = prefix  # "layout.cell"
+        self.count = 0
+
+    def find(self, number: int) -> Any:
+        """The live array of this number, or None."""
+        import jax
+
+        for arr in jax.live_arrays():
+            tag = getattr(arr, NUMBER, None)
+            if tag is not None and tag[0] is self and tag[1] == number:
+                return arr
+        return None
+
+
+_numbered: dict[tuple[str, int], Numbered] = {}  # (layout, cell) -> its arrays
+_current: dict[str, Numbered] = {}  # layout -> its arrays made this cell
+_waiting = [0]  # owners waiting in ``made``: only then does numbering wake them
+_making = [0]  # calls of ``MADE_BY`` functions under way (``_numbering``)
+_layouts: dict[str, list[str | None]] = {}  # program -> its outputs' layouts; None: unneeded
 _printed: dict[str, dict[str, Any]] = {}  # key -> what this process saw when it printed it
 _state: dict[str, Any] = {"installed": False, "cell": 0, "ended": 0}
 _pinned: dict[str, list[Any]] = {}  # key -> [array, reads still to serve] (``pin``)
@@ -78,7 +104,10 @@ def install() -> bool:
     impl.__format__ = patched_format  # type: ignore[method-assign]
     for name in MADE_BY:
         if hasattr(jax, name):
-            setattr(jax, name, _numbering(getattr(jax, name)))
+            made_by = _numbering(getattr(jax, name))
+            setattr(jax, name, made_by)
+            if getattr(array, name, None) is getattr(made_by, "__wrapped__", None):
+                setattr(array, name, made_by)  # ``array.make_array_from_callback`` too
     from . import dispatch
 
     dispatch.output_observers.append(_note_program_outputs)
@@ -91,7 +120,9 @@ def new_cell(*_: Any) -> None:
     """A new cell: numbering starts again, and what was printed is forgotten."""
     with _changed:
         _state["cell"] += 1
-        _made.clear()
+        _current.clear()
+        if len(_numbered) > KEEP_NUMBERED:
+            _forget_numbered()
         _pinned.clear()
         _served.clear()
         _changed.notify_all()
@@ -111,9 +142,20 @@ def _on_every_cell() -> None:
 # -- numbering -------------------------------------------------------------------------------
 
 def _numbering(make: Callable[..., Any]) -> Callable[..., Any]:
+    """``make`` numbering the arrays it returns. Only the outermost such call numbers: what
+    one makes through another (``make_array_from_process_local_data`` calls
+    ``make_array_from_callback``; a ``device_put`` may run a jitted reshard) may take other
+    paths on processes with and without devices of the array, so it is not numbered."""
+
     @functools.wraps(make)
     def numbered(*args: Any, **kwargs: Any) -> Any:
-        made = make(*args, **kwargs)
+        _making[0] += 1
+        try:
+            made = make(*args, **kwargs)
+        finally:
+            _making[0] -= 1
+        if _making[0]:
+            return made
         with contextlib.suppress(Exception):  # numbering never breaks JAX's own call
             import jax
 
@@ -126,23 +168,35 @@ def _numbering(make: Callable[..., Any]) -> Callable[..., Any]:
     return numbered
 
 
-def _note_program_outputs(program: str, outputs: Any) -> None:
+def _note_program_outputs(program: str, outputs: Sequence[Any]) -> None:
     """Called by ``dispatch`` with what a multi-process program returned: its outputs that
     some process cannot read by itself are numbered (a replicated one too, where some process
-    holds none of it: a mesh over some processes' devices)."""
+    holds none of it: a mesh over some processes' devices). Which outputs, and their layouts,
+    are the same for every call of the program: decided at its first."""
+    if _making[0]:
+        return  # inside a call that numbers what it makes (``_numbering``)
+    layouts = _layouts.get(program)
+    if layouts is None or len(layouts) != len(outputs):
+        layouts = _layouts[program] = [_numbered_layout(leaf) for leaf in outputs]
+    for leaf, layout in zip(outputs, layouts):  # noqa: B905 - same lengths, checked above
+        if layout is not None:  # _register's steps, without a call per output
+            numbered = _current.get(layout) or _numbered_now(layout)
+            numbered.count = number = numbered.count + 1
+            setattr(leaf, NUMBER, (numbered, number))
+    if _waiting[0]:
+        _wake()
+
+
+def _numbered_layout(leaf: Any) -> str | None:
+    """The layout an output is numbered by; None where every process can read it by itself."""
     import jax
 
-    for index, leaf in enumerate(outputs):
-        if not isinstance(leaf, jax.Array):
-            continue
-        layout = _layouts.get((program, index), "")
-        if layout == "":  # the same for every call of the program: decided once
-            everywhere = leaf.is_fully_replicated and len(
-                {d.process_index for d in leaf.sharding.device_set}  # type: ignore[attr-defined]
-            ) == jax.process_count()
-            layout = _layouts[(program, index)] = None if everywhere else _layout_of(leaf)
-        if layout is not None:
-            _register(leaf, layout)
+    if not isinstance(leaf, jax.Array):
+        return None
+    everywhere = leaf.is_fully_replicated and len(
+        {d.process_index for d in leaf.sharding.device_set}  # type: ignore[attr-defined]
+    ) == jax.process_count()
+    return None if everywhere else _layout_of(leaf)
 
 
 def _layout_of(arr: Any) -> str:
@@ -152,14 +206,43 @@ def _layout_of(arr: Any) -> str:
 
 
 def _register(arr: Any, layout: str) -> None:
+    numbered = _current.get(layout) or _numbered_now(layout)
+    numbered.count = number = numbered.count + 1
+    setattr(arr, NUMBER, (numbered, number))
+    if _waiting[0]:  # read after the number is set: a waiter that came since sees it
+        _wake()
+
+
+def _numbered_now(layout: str) -> Numbered:
+    """The record of ``layout``'s arrays made this cell, new at its first."""
+    cell = _state["cell"]
+    numbered = _current[layout] = _numbered[(layout, cell)] = Numbered(f"{layout}.{cell}")
+    return numbered
+
+
+def _wake() -> None:
     with _changed:
-        _made[layout] = count = _made.get(layout, 0) + 1
-        key = f"{layout}.{_state['cell']}.{count}"
-        ident = id(arr)
-        _keys[ident] = key
-        _arrays[key] = arr
         _changed.notify_all()
-    weakref.finalize(arr, _keys.pop, ident, None)
+
+
+def _lookup(key: str) -> tuple[Any, bool]:
+    """The live array of ``key`` (or None), and whether its number was reached in its cell."""
+    layout, cell, count = key.rsplit(".", 2)
+    numbered = _numbered.get((layout, int(cell)))
+    if numbered is None or numbered.count < int(count):
+        return None, _state["cell"] > int(cell)
+    return numbered.find(int(count)), True
+
+
+def _forget_numbered() -> None:
+    """Drop the records of earlier cells that no live array is numbered by."""
+    import jax
+
+    alive = {id(tag[0]) for arr in jax.live_arrays()
+             if (tag := getattr(arr, NUMBER, None)) is not None}
+    for at, numbered in list(_numbered.items()):
+        if at[1] < _state["cell"] and id(numbered) not in alive:
+            del _numbered[at]
 
 
 def made(key: str, timeout: float) -> Any:
@@ -167,18 +250,22 @@ def made(key: str, timeout: float) -> Any:
     (a reader may run ahead of its owners). Raises ``LookupError``: "deleted" where it was
     made and is gone, "not made" where its cell ended, or ``timeout`` passed, without it.
     Called from the shard server's threads."""
-    layout, cell, count = key.rsplit(".", 2)
+    cell = int(key.rsplit(".", 2)[1])
 
-    def gone_by() -> bool:
-        return _state["cell"] > int(cell) or (
-            _state["cell"] == int(cell) and _made.get(layout, 0) >= int(count))
+    def ready() -> bool:
+        found, gone_by = _lookup(key)
+        return key in _pinned or found is not None or gone_by or _state["ended"] >= cell
 
     with _changed:
-        _changed.wait_for(lambda: key in _pinned or key in _arrays or gone_by()
-                          or _state["ended"] >= int(cell), timeout)
-        found = _pinned[key][0] if key in _pinned else _arrays.get(key)
+        _waiting[0] += 1  # before the first look: numbering after it wakes this one
+        try:
+            _changed.wait_for(ready, timeout)
+        finally:
+            _waiting[0] -= 1
+        found, gone_by = _lookup(key)
+        found = _pinned[key][0] if key in _pinned else found
         if found is None:
-            raise LookupError("deleted" if gone_by() else "not made")
+            raise LookupError("deleted" if gone_by else "not made")
         return found
 
 
@@ -234,7 +321,7 @@ def _placeholder(arr: Any, mode: str) -> str | None:
     where JAX's own text is what to show."""
     if not held_elsewhere(arr) or arr.size == 0:
         return None
-    key = _keys.get(id(arr))
+    key = key_of(arr)
     if key is None:
         return None
     with contextlib.suppress(Exception):  # the notebook then shows JAX's own text
@@ -310,7 +397,8 @@ def read_local(data: Any, box: tuple[slice, ...]) -> Any:
 
 def key_of(arr: Any) -> str | None:
     """The key every process gives ``arr``; None where it was not numbered."""
-    return _keys.get(id(arr))
+    number = getattr(arr, NUMBER, None)
+    return None if number is None else f"{number[0].prefix}.{number[1]}"
 
 
 def values_for(keys: list[str]) -> dict[str, dict[str, Any]]:
@@ -320,7 +408,7 @@ def values_for(keys: list[str]) -> dict[str, dict[str, Any]]:
     for key in keys:
         with contextlib.suppress(Exception):
             seen = _printed.get(key)
-            arr = _arrays.get(key)
+            arr = _lookup(key)[0]
             if seen is not None:
                 answer[key] = dict(seen, printed=True)
             elif arr is not None and not arr.is_deleted():

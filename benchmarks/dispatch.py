@@ -1,0 +1,168 @@
+"""Issue 41: a jitted step's dispatch under ``%%spmd`` against the same loop in plain JAX
+processes that called ``jax.distributed.initialize`` by hand, 4 processes × 2 CPU devices.
+
+Both run one loop, ``LOOP``: a jitted step on an 8×8 array sharded over the 4×2 mesh (a
+multi-process program, no collective inside), called ``CALLS`` times, each call timed on every
+process twice: until it returns (its dispatch) and until its result is ready (the step). A
+process's figure is its fastest call, a round's figure the median over the processes: on
+this 2-core machine four busy processes take turns, and a minimum is a call that ran alone.
+The cluster and the plain processes both stay up for the whole run, and their rounds
+alternate. A run's ratio is the median of its rounds' ratios; runs go on until two in a row
+agree (within ``AGREE``), and the last two are reported (target ≤ 1.05).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import sys
+
+from jaxcluster import JaxCluster
+from tests.ports import free_port
+
+from ._common import Settings, Table, log, median, track
+
+NODES, DEVICES = 4, 2
+CALLS = 3000  # a round
+TARGET = 1.05
+AGREE = 0.03
+MAX_RUNS = 5
+RESULT = "_dispatch_per_call"
+LOOP = f"""\
+import time
+import jax
+import jax.numpy as jnp
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+mesh = jax.make_mesh(({NODES}, {DEVICES}), ("a", "b"))
+x = jax.make_array_from_callback(
+    (8, 8), NamedSharding(mesh, P("a", "b")), lambda i: jnp.ones((8, 8))[i])
+step = jax.jit(lambda v: v * 0.5 + 1.0)
+step(x).block_until_ready()
+clock = time.perf_counter
+dispatch = wait = 1.0
+for _ in range({CALLS}):
+    began = clock()
+    y = step(x)
+    dispatched = clock()
+    y.block_until_ready()
+    done = clock()
+    dispatch, wait = min(dispatch, dispatched - began), min(wait, done - began)
+{RESULT} = (dispatch, wait)
+"""
+# a plain process: initialize by hand, then run LOOP each time a line comes on stdin
+PLAIN = """\
+import json, sys
+import jax
+jax.config.update("jax_platforms", "cpu")
+jax.config.update("jax_num_cpu_devices", {devices})
+jax.distributed.initialize({coordinator!r}, {nodes}, {index})
+loop = {loop!r}
+for line in sys.stdin:
+    space = {{}}
+    exec(loop, space)
+    print(json.dumps(space[{result!r}]), flush=True)
+"""
+
+
+class Plain:
+    """Four plain JAX processes, driven round by round over their stdin."""
+
+    def __init__(self) -> None:
+        coordinator = f"127.0.0.1:{free_port()}"
+        env = dict(os.environ, JAX_PLATFORMS="cpu")
+        self.procs = [
+            subprocess.Popen(
+                [sys.executable, "-c", PLAIN.format(
+                    devices=DEVICES, coordinator=coordinator, nodes=NODES, index=i, loop=LOOP,
+                    result=RESULT)],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                text=True, env=env)
+            for i in range(NODES)
+        ]
+
+    def round(self) -> list[tuple[float, float]]:
+        for proc in self.procs:
+            assert proc.stdin is not None
+            proc.stdin.write("go\n")
+            proc.stdin.flush()
+        answers = []
+        for proc in self.procs:
+            assert proc.stdout is not None
+            line = proc.stdout.readline()
+            if not line:
+                raise RuntimeError(f"a plain process ended (exit code {proc.wait()})")
+            dispatch, step = json.loads(line)
+            answers.append((float(dispatch), float(step)))
+        return answers
+
+    def close(self) -> None:
+        for proc in self.procs:
+            with contextlib.suppress(Exception):
+                proc.kill()
+                proc.wait(10)
+
+
+def _ours(cluster: JaxCluster) -> list[tuple[float, float]]:
+    cluster.run(LOOP).check()
+    return [(float(d), float(w)) for d, w in cluster.view.pull(RESULT, block=True)]
+
+
+def _round(cluster: JaxCluster, plain: Plain, flip: bool) -> list[tuple[float, float]]:
+    """One alternating round: (ours, plain) for the dispatch and for the step, each the
+    median over the processes of their fastest call."""
+    if flip:
+        theirs, ours = plain.round(), _ours(cluster)
+    else:
+        ours, theirs = _ours(cluster), plain.round()
+    return [(median([o[i] for o in ours]), median([t[i] for t in theirs])) for i in (0, 1)]
+
+
+def run(settings: Settings) -> Table:
+    table = Table("dispatch", f"a jitted step, {NODES} processes × {DEVICES} CPU devices: "
+                  "%%spmd against plain processes")
+    rounds = 2 if settings.quick else 6
+    cluster = JaxCluster(nodes=NODES, devices_per_node=DEVICES, platform="cpu")
+    plain = None
+    runs: list[list[float]] = []  # per run: [dispatch ratio, step ratio]
+    times: list[list[tuple[float, float]]] = [[], []]  # dispatch, step: (ours, plain) a round
+    try:
+        cluster.start()
+        track(cluster.cluster_id)
+        plain = Plain()
+        _round(cluster, plain, False)  # compiled and warm on both sides
+        while len(runs) < MAX_RUNS:
+            rounds_here = [_round(cluster, plain, i % 2 == 1) for i in range(rounds)]
+            for i in (0, 1):
+                times[i] += [r[i] for r in rounds_here]
+            runs.append([median([r[i][0] / r[i][1] for r in rounds_here]) for i in (0, 1)])
+            log(f"dispatch: run {len(runs)}: dispatch {runs[-1][0]:.3f}, step {runs[-1][1]:.3f}")
+            if len(runs) >= 2 and all(_agree(runs[-2][i], runs[-1][i]) for i in (0, 1)):
+                break
+    finally:
+        if plain is not None:
+            plain.close()
+        cluster.stop()
+    last = runs[-2:]
+    for i, what in enumerate(("dispatch (until the call returns)",
+                              "step (until its result is ready)")):
+        pair = [r[i] for r in last]
+        agree = len(pair) == 2 and _agree(*pair)
+        table.add(f"jitted step's {what}: fastest of {CALLS:,} calls per process, median over "
+                  f"processes; last two runs of {rounds} alternating rounds",
+                  f"{median([o for o, _ in times[i]]) * 1e6:.2f} µs",
+                  f"{median([t for _, t in times[i]]) * 1e6:.2f} µs",
+                  " / ".join(f"{r:.3f}" for r in pair),
+                  f"≤ {TARGET:g}, runs within {AGREE:.0%}", agree and max(pair) <= TARGET)
+    table.notes.append("Ratios of every run (dispatch, step): " + "; ".join(
+        f"{d:.3f}, {w:.3f}" for d, w in runs) + ". Times: medians over every round.")
+    table.notes.append("Baseline: 4 Python processes that call `jax.distributed.initialize` "
+                       "by hand and run the same loop, started once, alternating with the "
+                       "cluster's cells.")
+    return table
+
+
+def _agree(a: float, b: float) -> bool:
+    return abs(a - b) <= AGREE * a
