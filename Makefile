@@ -4,7 +4,14 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: lab test lint demo notebooks bench system-deps clean
+# The oldest JAX the package allows (pyproject.toml): its own venv runs the core suite in `make test`
+OLDEST_JAX := 0.6.2
+OLDEST := .venv-jax-$(OLDEST_JAX)
+OLDEST_STAMP := $(OLDEST)/.installed
+CORE_TESTS := tests/test_spmd.py tests/test_hang_rule.py tests/test_global_print.py \
+	tests/test_array_kinds.py
+
+.PHONY: lab test test-oldest-jax lint demo notebooks bench system-deps clean
 
 # the kernelspec names the kernel's module: a venv made before it moved installs it again
 $(STAMP): pyproject.toml jaxcluster/notebook/kernelspec.py
@@ -12,6 +19,13 @@ $(STAMP): pyproject.toml jaxcluster/notebook/kernelspec.py
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[test]'
 	$(PY) -m jaxcluster install-kernel --sys-prefix
+	touch $@
+
+$(OLDEST_STAMP): pyproject.toml
+	test -x $(OLDEST)/bin/python || $(PYTHON) -m venv $(OLDEST)
+	$(OLDEST)/bin/python -m pip install -q --upgrade pip
+	$(OLDEST)/bin/python -m pip install -q -e . pytest pytest-timeout \
+		'jax==$(OLDEST_JAX)' 'jaxlib==$(OLDEST_JAX)'
 	touch $@
 
 system-deps:
@@ -30,6 +44,12 @@ lint: $(STAMP)
 
 test: $(STAMP) system-deps lint
 	IPP_NONINTERACTIVE=1 $(PY) -m pytest
+	$(MAKE) test-oldest-jax
+
+# the core suite on the oldest JAX allowed; the notebooks and the rest need the newest's API
+test-oldest-jax: $(OLDEST_STAMP)
+	IPP_NONINTERACTIVE=1 $(OLDEST)/bin/python -m pytest -o addopts="-ra --strict-markers" \
+		$(CORE_TESTS)
 
 # The quick start, headless: prints what its cells show; fails if any cell failed.
 demo: $(STAMP)
@@ -43,4 +63,4 @@ bench: $(STAMP)
 	$(PY) -m benchmarks
 
 clean:
-	rm -rf $(VENV) bench-results test-artifacts site
+	rm -rf $(VENV) $(OLDEST) bench-results test-artifacts site

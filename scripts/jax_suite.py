@@ -26,6 +26,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -131,13 +132,16 @@ def plain(path: Path, nodes: int, devices: int) -> list[dict[str, str]]:
     return answers
 
 
-def ours(cluster: JaxCluster, path: Path, nodes: int) -> list[dict[str, str]]:
-    """The file's outcomes on each process, run as one ``%%spmd`` cell."""
-    harness = HARNESS.format(nodes=nodes, module=path.stem, path=str(path), result=RESULT)
+def ours(cluster: JaxCluster, path: Path, nodes: int, synced: bool) -> list[dict[str, str]]:
+    """The file's outcomes on each process, run as one ``%%spmd`` cell; where the folder is
+    ``synced``, each host's copy is its processes' working directory."""
+    where = path.name if synced else str(path)
+    harness = HARNESS.format(nodes=nodes, module=path.stem, path=where, result=RESULT)
     result = cluster.run(harness, timeout=TIMEOUT)
     if not result.ok:
+        error = result.errors[0].error if result.errors else {}
         print(f"{path.stem}: the cell failed ({result.failure or 'an error'}): "
-              f"{result.diagnosis or result.errors[0].error}", flush=True)
+              f"{result.diagnosis or error.get('ename')}: {error.get('evalue', '')}", flush=True)
     answers = []
     for index in range(nodes):
         try:
@@ -175,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
                      "jax-ml/jax's tests/multiprocess at the installed JAX's version")
 
     with contextlib.ExitStack() as stack:
-        options: dict[str, object] = {}
+        options: dict[str, Any] = {}
         if args.hosts:
             from tests.netns_hosts import namespace_hosts
 
@@ -193,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
         lost: list[tuple[str, str]] = []
         for path in files:
             baseline = passed(plain(path, args.nodes, args.devices_per_node))
-            mine = passed(ours(cluster, path, args.nodes))
+            mine = passed(ours(cluster, path, args.nodes, bool(args.hosts)))
             good = [t for t, o in baseline.items() if o == "pass"]
             kept = [t for t in good if mine.get(t) == "pass"]
             total_plain += len(good)

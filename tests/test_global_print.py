@@ -76,11 +76,18 @@ def test_a_value_gone_by_the_end_of_the_cell_is_said_not_guessed(shell):
 def test_numbers_no_other_process_can_name_say_where_to_read_them(shell):
     text, _ = run_spmd(shell, "print(float(y[1]))")  # made on every process: read anywhere
     assert text.strip() == "[processes 0-3]\n1.0"
-    # a computation on process 0's devices alone: the others do not number what it makes
-    shown, report, _ = failing_spmd(shell, "float((y * 2)[0])")
+    # a computation on process 0's devices, run by every process: numbered, read anywhere
+    text, _ = run_spmd(shell, "print(float((y * 2)[1]))")
+    assert text.strip() == "[processes 0-3]\n2.0"
+    # without the dispatch record, a program's outputs have no name the owners know
+    run_spmd(shell, "from jaxcluster.engine import dispatch as _d\n_d.uninstall()")
+    try:
+        shown, report, _ = failing_spmd(shell, "float((y * 3)[0])")
+    finally:
+        run_spmd(shell, "_d.install()")
     assert "[process 0] 0.0" in shown
     assert "[processes 1-3]" in report and report.count("is held by process 0") == 1
-    assert "Read it on process 0" in report
+    assert "JAXCLUSTER_DISPATCH_RECORD=0" in report and "Read it on process 0" in report
 
 
 def test_jax_debug_print_still_prints_the_shards(shell):

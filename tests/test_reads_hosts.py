@@ -20,6 +20,9 @@ import pytest
 
 from tests.conftest import cluster_processes, hosts_or_skip, magics_shell, run_spmd, shell_cluster
 from tests.netns_hosts import NamespaceHosts
+from tests.test_array_kinds import CELLS as KIND_CELLS
+from tests.test_array_kinds import KINDS, SUBSETS, same_everywhere
+from tests.test_array_kinds import SETUP as KIND_SETUP
 from tests.test_global_reads import (
     CELLS,
     MATMUL,
@@ -145,3 +148,12 @@ def test_process_0_reads_the_other_hosts_half_over_the_network(shell, hosts):
     assert text.strip() == "[process 0]\nTrue"
     half = SIDE * SIDE * 4 // 2  # the shards of processes 2 and 3
     assert half <= crossed < 2 * half, crossed
+
+
+def test_every_kind_of_global_array_and_device_subsets_across_hosts(shell):
+    """``tests/test_array_kinds.py``'s cells, the first host holding process 0's devices and
+    the first half, the second host the second half: each as in one process."""
+    expected = one_process_outputs(KIND_CELLS)
+    run_spmd(shell, KIND_SETUP)
+    for cell in [*KINDS.values(), *SUBSETS.values()]:
+        same_everywhere(shell, expected, cell)

@@ -36,6 +36,9 @@ class JaxProcesses:
     # by process index: the machine it runs on (``engine.process.machine``), None: unknown
     machines: list[str | None] = field(default_factory=list)
     here: set[int] = field(default_factory=set)  # the processes on the notebook's machine
+    # what the engines' JAX lacks the internals of: feature -> why, and that JAX's version
+    features_off: dict[str, str] = field(default_factory=dict)
+    jax_version: str = ""
 
 
 def initialize(
@@ -279,7 +282,9 @@ def _job(
     machines = [_engine.machine(identities[p.engine_id]["facts"]) for p in processes]
     mine = _engine.machine(_engine.host_facts())
     here = {i for i, m in enumerate(machines) if m is not None and m == mine}
-    return JaxProcesses(processes, coordinator, inboxes, machines, here)
+    first = results[processes[0].engine_id]
+    return JaxProcesses(processes, coordinator, inboxes, machines, here,
+                        first.get("features_off", {}), first.get("jax_version", ""))
 
 
 def verified_processes(

@@ -74,6 +74,8 @@ class JaxCluster:
         # by process index: the machine it runs on (None: unknown); those on the notebook's
         self.machines: list[str | None] = []
         self.here: set[int] = set()
+        self.features_off: dict[str, str] = {}  # what the engines' JAX lacks, and why
+        self.jax_version = ""
         # calls to the processes while they may be busy, on every host
         self.backchannel = BackChannel()
         # the processes on this host, for calls that skip ipyparallel's round trip
@@ -302,6 +304,8 @@ class JaxCluster:
         line = f"{len(self.processes)} {noun} × {per} = {total} global devices"
         if self.startup_seconds is not None:
             line += f", ready in {self.startup_seconds:.1f} s"
+        for feature, why in self.features_off.items():
+            line += f"\n{feature} is off: jax {self.jax_version} lacks {why}"
         return line
 
     def run(
@@ -424,6 +428,7 @@ class JaxCluster:
         self.processes = job.processes
         self.coordinator = job.coordinator
         self.machines, self.here = job.machines, job.here
+        self.features_off, self.jax_version = job.features_off, job.jax_version
         self.backchannel = BackChannel(
             self._client, {p.process_index: p.engine_id for p in job.processes})
         self.inboxes.close()

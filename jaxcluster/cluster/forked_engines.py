@@ -169,4 +169,13 @@ def _forked(fork: concurrent.futures.Future[list[int]]) -> bool:
 async def _within(future: concurrent.futures.Future[Any], timeout: float | None) -> Any:
     """``future``'s result, awaited on whatever loop runs this, at most ``timeout`` seconds
     (``TimeoutError``), leaving it uncancelled for others."""
-    return await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(future)), timeout)
+    wrapped = asyncio.wrap_future(future)
+    wrapped.add_done_callback(_looked_at)
+    return await asyncio.wait_for(asyncio.shield(wrapped), timeout)
+
+
+def _looked_at(done: asyncio.Future[Any]) -> None:
+    """A failure that comes after the wait gave up (a line closed as a start failed) is the
+    start's to report, not asyncio's "exception was never retrieved"."""
+    if not done.cancelled():
+        done.exception()

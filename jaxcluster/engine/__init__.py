@@ -1,8 +1,8 @@
 """What runs on an engine, in one JAX process; the notebook sends these modules' functions by
 reference. It offers ``process``, ``topology``, ``bootstrap``, ``forking``, ``imports``, ``cells``,
 ``inbox``, ``backchannel``, ``dispatch``, ``jax_internals``, ``values``, ``data``, ``sharding``,
-``stdin``, ``sigint``, ``sync``, ``scripts`` and ``introspect``; ``__main__`` is what every launcher runs (``python -m
-jaxcluster.engine``). IPython only where the engine's own shell is needed."""
+``stdin``, ``sigint``, ``sync``, ``scripts``, ``introspect``; ``__main__`` is every launcher's
+entry point (``python -m jaxcluster.engine``). IPython only where the engine's shell is needed."""
 
 __all__ = [
     "backchannel",

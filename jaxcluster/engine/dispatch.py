@@ -3,7 +3,8 @@
 A process that waits inside JAX after other processes have ended is hung only if the program
 it waits on needs one of them and that one ran it fewer times (``jaxcluster.cells.hang``). To
 tell, every call of a program whose shardings span devices of several processes is counted
-here, per cell, on both of JAX's dispatch paths, and JAX keeps its own:
+here, per cell, on both of JAX's dispatch paths, and JAX keeps its own (the outputs of every
+program are handed to ``values``, which numbers those other processes may read):
 
 - jit's C++ fast path calls JAX's *post hook* (the one ``jax_debug_nans`` uses) after it
   dispatched a program, before anything waits for its results: ``counted_fast`` counts there,
@@ -37,12 +38,16 @@ FAST_CACHE = 4096  # programs the fast path remembers before it starts afresh
 
 
 class Program:
-    """A multi-process program, and how often this process dispatched it this cell."""
+    """A program of a multi-process cluster, and how often this process dispatched it this
+    cell; only one over several processes (``multi``) is counted: only such a one can wait
+    on another process. The others' outputs are observed all the same: a program over one
+    process's devices gives every process that runs it an array the others may read."""
 
-    __slots__ = ("calls", "devices", "key", "name", "processes")
+    __slots__ = ("calls", "devices", "key", "multi", "name", "processes")
 
     def __init__(self, key: str, name: str, processes: tuple[int, ...], devices: int) -> None:
         self.key, self.name, self.processes, self.devices = key, name, processes, devices
+        self.multi = len(processes) > 1
         self.calls = 0
 
 
@@ -54,7 +59,7 @@ _slow: weakref.WeakKeyDictionary[Any, Program | None] = weakref.WeakKeyDictionar
 FastEntry = tuple[weakref.ref[Any], Any, Program | None]
 _fast: dict[int, FastEntry] = {}
 # the latest program is replaced whole, never changed in place: the control thread reads it
-_state: dict[str, Any] = {"installed": False, "cell": 0, "latest": None}
+_state: dict[str, Any] = {"installed": False, "cell": 0, "latest": None, "processes": None}
 # called with (program key, outputs) after every multi-process program (``values`` numbers them)
 output_observers: list[Callable[[str, Sequence[Any]], None]] = []
 
@@ -73,6 +78,8 @@ def install() -> bool:
     hooks = jax_internals.dispatch_hooks()
     if hooks is None:
         return False
+    _state["process_count"] = hooks.process_count  # asked at the first program: JAX's
+    # backends are made by then, and asking before would make them here
     original_call = hooks.execute_replicated.__call__
     jax_hook = hooks.jax_post_hook
     leaves, array_type = hooks.tree_leaves, hooks.array_type
@@ -101,10 +108,11 @@ def install() -> bool:
                 known = _fast_program(fun, aval, flat)
             program = known[2]
             if program is not None:
-                program.calls = calls = program.calls + 1
-                if calls == 1:
-                    active.append(program)
-                state["latest"] = program
+                if program.multi:
+                    program.calls = calls = program.calls + 1
+                    if calls == 1:
+                        active.append(program)
+                    state["latest"] = program
                 for observe in observers:
                     observe(program.key, flat)
         except Exception:  # JAX's own behaviour wins over the record
@@ -216,8 +224,10 @@ def _describe(
 ) -> Program | None:
     devices = {d for s in [*out_shardings, *in_shardings] for d in getattr(s, "device_set", ())}
     processes = tuple(sorted({d.process_index for d in devices}))
-    if len(processes) < 2:
-        return None
+    if _state.get("processes") is None:
+        _state["processes"] = _state["process_count"]()
+    if _state["processes"] < 2 or not processes:
+        return None  # every array is this process's own
     # the same on every process for the same program (XLA's fingerprint is not), and on both
     # dispatch paths: a jitted computation's outputs are on all of its devices
     signature = repr((name, out_shardings, out_avals))
@@ -231,6 +241,8 @@ def _describe(
 
 
 def _count(program: Program) -> None:
+    if not program.multi:
+        return
     program.calls += 1
     if program.calls == 1:
         _active.append(program)

@@ -291,6 +291,8 @@ def describe_jax() -> dict:
     """This process's place in the JAX job."""
     import jax
 
+    from . import jax_internals
+
     local = jax.local_devices()
     return {
         "process_index": jax.process_index(),
@@ -298,6 +300,8 @@ def describe_jax() -> dict:
         "global_device_count": jax.device_count(),
         "local_device_ids": [d.id for d in local],
         "platform": local[0].platform if local else jax.default_backend(),
+        "jax_version": jax.__version__,
+        "features_off": dict(jax_internals.missing),  # what this JAX lacks the internals of
     }
 
 

@@ -252,38 +252,77 @@ def _between_device_sets(
     put: Callable[..., Any], put_one: Callable[..., Any]
 ) -> Callable[..., Any]:
     """``jax.device_put`` that also moves arrays to shardings over other devices, where JAX
-    refuses a cross-host reshard: each process reads its target shards from the owners."""
+    refuses a move between device sets that spans processes: each process reads its target
+    shards from the owners. Targets as JAX takes them: a sharding, a ``PartitionSpec`` of the
+    mesh set by ``jax.set_mesh``, or a pytree prefix of them."""
 
     @functools.wraps(put)
     def device_put(x: Any, device: Any = None, *args: Any, **kwargs: Any) -> Any:
         __tracebackhide__ = True
-        try:
+        targets = None if args or kwargs else _targets(x, device)
+        if targets is None or not any(_across(leaf, t) for leaf, t in zip(*targets,
+                                                                           strict=True)):
             return put(x, device, *args, **kwargs)
-        except ValueError as e:
-            if "cross-host reshard" not in str(e) or args or kwargs:
-                raise
-            moved = _moved(x, device, put, put_one)
-            if moved is None:
-                raise
-            return moved
+        return _moved(x, targets, put, put_one)
 
     return device_put
 
 
-def _moved(x: Any, device: Any, put: Callable[..., Any], put_one: Callable[..., Any]) -> Any:
+def _targets(x: Any, device: Any) -> tuple[list[Any], list[Any]] | None:
+    """``x``'s leaves and each one's target sharding; None where ``device`` is not one or a
+    prefix tree of them (a device, None, ...: JAX's own ``device_put`` decides)."""
     import jax
-    from jax.sharding import Sharding
+    from jax.sharding import NamedSharding, PartitionSpec, Sharding
 
-    leaves, tree = jax.tree.flatten(x)
-    targets = jax.tree.leaves(device, is_leaf=lambda s: isinstance(s, Sharding))
-    if len(targets) == 1:
-        targets *= len(leaves)
-    if len(targets) != len(leaves) or not all(isinstance(t, Sharding) for t in targets):
+    def sharding(target: Any) -> Any:
+        if isinstance(target, PartitionSpec):
+            get_mesh = getattr(jax.sharding, "get_mesh", None)  # JAX 0.7 and later
+            mesh = get_mesh() if get_mesh is not None else None
+            return NamedSharding(mesh, target) if mesh is not None and not mesh.empty else None
+        return target if isinstance(target, Sharding) else None
+
+    def is_target(t: Any) -> bool:
+        return isinstance(t, Sharding | PartitionSpec) or t is None
+
+    try:
+        per_leaf = jax.tree.map(lambda t, sub: [sharding(t)] * len(jax.tree.leaves(sub)),
+                                device, x, is_leaf=is_target)
+    except (ValueError, TypeError):  # not a prefix of ``x``: JAX says so itself
         return None
+    targets = [t for ts in jax.tree.leaves(per_leaf, is_leaf=lambda n: isinstance(n, list))
+               for t in ts]
+    leaves = jax.tree.leaves(x)
+    if len(targets) != len(leaves) or any(t is None for t in targets):
+        return None
+    return leaves, targets
+
+
+def _across(leaf: Any, target: Any) -> bool:
+    """Whether moving ``leaf`` to ``target`` is one JAX refuses here that we make: between
+    device sets, where one of them has devices of other processes, of an array that every
+    process holds. An array this process holds whole is one only on a mesh (a mesh over
+    this process's devices, which every process made alike); on one device, or uncommitted,
+    it is this process's own value, which JAX puts, or refuses, itself."""
+    import jax
+    from jax.sharding import SingleDeviceSharding
+
+    if not isinstance(leaf, jax.Array) or leaf.sharding.device_set == target.device_set:
+        return False
+    if leaf.is_fully_addressable:
+        own = not getattr(leaf, "_committed", True) or isinstance(leaf.sharding,
+                                                                  SingleDeviceSharding)
+        return not own and not target.is_fully_addressable
+    return True
+
+
+def _moved(x: Any, targets: tuple[list[Any], list[Any]], put: Callable[..., Any],
+           put_one: Callable[..., Any]) -> Any:
+    import jax
+
     moved = []
     me = jax.process_index()
-    for leaf, target in zip(leaves, targets, strict=True):
-        if not isinstance(leaf, jax.Array) or leaf.sharding.device_set == target.device_set:
+    for leaf, target in zip(*targets, strict=True):
+        if not _across(leaf, target):
             moved.append(put(leaf, target))
             continue
         wanted = _target_boxes(leaf, target)
@@ -298,7 +337,7 @@ def _moved(x: Any, device: Any, put: Callable[..., Any], put_one: Callable[..., 
                   for dev in target.addressable_devices_indices_map(leaf.shape)]
         moved.append(jax.make_array_from_single_device_arrays(leaf.shape, target, pieces,
                                                              dtype=leaf.dtype))
-    return jax.tree.unflatten(tree, moved)
+    return jax.tree.unflatten(jax.tree.structure(x), moved)
 
 
 def _target_boxes(leaf: Any, target: Any) -> dict[int, dict[Bounds, list[Any]]]:
@@ -340,10 +379,19 @@ def _owner_failed(arr: Any, owner: int, e: shards.OwnerError) -> str:
 
 
 def _unnamed(arr: Any) -> str:
-    owners = sorted({d.process_index for d in arr.sharding.device_set})
+    from . import dispatch
+
+    owners = process_label(sorted({d.process_index for d in arr.sharding.device_set}))
+    why = (
+        "it was not made by every process holding part of it together (a jitted function, "
+        "`jax.device_put`, `jax.make_array_from_*`), the ways arrays are numbered"
+        if dispatch.latest() is not None else
+        "this process keeps no record of the programs it runs (`JAXCLUSTER_DISPATCH_RECORD=0` "
+        "in the engines' environment, or a JAX whose internals differ), so their outputs are "
+        "not numbered"
+    )
     return (
-        f"{_described(arr).capitalize()} is held by {process_label(owners)}, and was made by a "
-        "computation on those devices alone, which the other processes do not number, so its "
-        f"numbers cannot be asked for here. Read it on {process_label(owners)}, or make it over "
-        "devices of several processes (`jax.device_put`, a jitted function)."
+        f"{_described(arr).capitalize()} is held by {owners}, and this process cannot name it "
+        f"to its owners: {why}. Read it on {owners}, or make it on every process in one of "
+        "those ways."
     )

@@ -191,8 +191,8 @@ def _numbered_layout(leaf: Any) -> str | None:
     """The layout an output is numbered by; None where every process can read it by itself."""
     import jax
 
-    if not isinstance(leaf, jax.Array):
-        return None
+    if not isinstance(leaf, jax.Array) or not getattr(leaf, "_committed", True):
+        return None  # an uncommitted one is on this process's default device: its own
     everywhere = leaf.is_fully_replicated and len(
         {d.process_index for d in leaf.sharding.device_set}  # type: ignore[attr-defined]
     ) == jax.process_count()
@@ -319,10 +319,13 @@ def held_elsewhere(arr: Any) -> bool:
 def _placeholder(arr: Any, mode: str) -> str | None:
     """The placeholder for ``arr`` printed as ``mode`` (repr, str, format:<hex spec>), or None
     where JAX's own text is what to show."""
-    if not held_elsewhere(arr) or arr.size == 0:
-        return None
     key = key_of(arr)
-    if key is None:
+    if key is None or arr.size == 0:
+        return None
+    if not held_elsewhere(arr):  # JAX's own text here; kept for the processes that hold none
+        if key not in _printed:
+            with contextlib.suppress(Exception):
+                _printed[key] = describe(arr)
         return None
     with contextlib.suppress(Exception):  # the notebook then shows JAX's own text
         if key not in _printed:
@@ -373,7 +376,7 @@ def pieces(arr: Any, shown: list[list[int]]) -> list[tuple[list[list[int]], Any]
         if not all(where):
             continue
         values = _read(shard.data, local)
-        found.append((where, np.ascontiguousarray(values)))
+        found.append((where, np.array(values, order="C")))  # a 0-d one stays 0-d
     return found
 
 
