@@ -123,7 +123,7 @@ def _round(cluster: JaxCluster, plain: Plain, flip: bool) -> list[tuple[float, f
 def run(settings: Settings) -> Table:
     table = Table("dispatch", f"a jitted step, {NODES} processes × {DEVICES} CPU devices: "
                   "%%spmd against plain processes")
-    rounds = 2 if settings.quick else 6
+    rounds = 2 if settings.quick else 20
     cluster = JaxCluster(nodes=NODES, devices_per_node=DEVICES, platform="cpu")
     plain = None
     runs: list[list[float]] = []  # per run: [dispatch ratio, step ratio]

@@ -43,12 +43,16 @@ class Program:
     on another process. The others' outputs are observed all the same: a program over one
     process's devices gives every process that runs it an array the others may read."""
 
-    __slots__ = ("calls", "devices", "key", "multi", "name", "processes")
+    __slots__ = ("calls", "devices", "key", "multi", "name", "observed", "plan", "processes")
 
     def __init__(self, key: str, name: str, processes: tuple[int, ...], devices: int) -> None:
         self.key, self.name, self.processes, self.devices = key, name, processes, devices
         self.multi = len(processes) > 1
         self.calls = 0
+        # the observers' own record of it (``values``: which outputs to number), and whether
+        # its calls need them at all: set at its first call
+        self.plan: Any = None
+        self.observed = True
 
 
 _active: list[Program] = []  # the programs dispatched this cell
@@ -60,8 +64,9 @@ FastEntry = tuple[weakref.ref[Any], Any, Program | None]
 _fast: dict[int, FastEntry] = {}
 # the latest program is replaced whole, never changed in place: the control thread reads it
 _state: dict[str, Any] = {"installed": False, "cell": 0, "latest": None, "processes": None}
-# called with (program key, outputs) after every multi-process program (``values`` numbers them)
-output_observers: list[Callable[[str, Sequence[Any]], None]] = []
+# called with (program, outputs) after every program while it is ``observed`` (``values``
+# numbers the outputs other processes may read)
+output_observers: list[Callable[[Program, Sequence[Any]], None]] = []
 
 
 def install() -> bool:
@@ -84,6 +89,9 @@ def install() -> bool:
     jax_hook = hooks.jax_post_hook
     leaves, array_type = hooks.tree_leaves, hooks.array_type
     active, state, observers = _active, _state, output_observers
+    # (id of the function, its first output's aval, program) of the call before: a loop calls
+    # one program over and over; the aval is held, so no other object takes its identity
+    last: list[Any] = [None, None, None]
 
     def counted_slow(self: Any, *args: Any) -> Any:
         program = None
@@ -95,7 +103,7 @@ def install() -> bool:
         if program is not None:
             for observe in observers:
                 with contextlib.suppress(Exception):
-                    observe(program.key, outputs)
+                    observe(program, outputs)
         return outputs
 
     def counted_fast(fun: Any, args: Any, kwargs: Any, out: Any) -> None:
@@ -103,18 +111,23 @@ def install() -> bool:
             flat: list[Any] = [out] if type(out) is array_type else leaves(out)
             # the C++ path gives a program's outputs the same aval objects at every call
             aval = flat[0].aval if flat else None
-            known = _fast.get(id(aval) if flat else id(fun))
-            if known is None or known[1] is not aval or known[0]() is not fun:
-                known = _fast_program(fun, aval, flat)
-            program = known[2]
+            if aval is last[1] and id(fun) == last[0]:  # the program called last, again
+                program = last[2]
+            else:
+                known = _fast.get(id(aval) if flat else id(fun))
+                if known is None or known[1] is not aval or known[0]() is not fun:
+                    known = _fast_program(fun, aval, flat)
+                program = known[2]
+                last[:] = id(fun), aval, program
             if program is not None:
                 if program.multi:
                     program.calls = calls = program.calls + 1
                     if calls == 1:
                         active.append(program)
                     state["latest"] = program
-                for observe in observers:
-                    observe(program.key, flat)
+                if program.observed:
+                    for observe in observers:
+                        observe(program, flat)
         except Exception:  # JAX's own behaviour wins over the record
             pass
         chained = jax_hook.value

@@ -65,7 +65,6 @@ _numbered: dict[tuple[str, int], Numbered] = {}  # (layout, cell) -> its arrays
 _current: dict[str, Numbered] = {}  # layout -> its arrays made this cell
 _waiting = [0]  # owners waiting in ``made``: only then does numbering wake them
 _making = [0]  # calls of ``MADE_BY`` functions under way (``_numbering``)
-_layouts: dict[str, list[str | None]] = {}  # program -> its outputs' layouts; None: unneeded
 _printed: dict[str, dict[str, Any]] = {}  # key -> what this process saw when it printed it
 _state: dict[str, Any] = {"installed": False, "cell": 0, "ended": 0}
 _pinned: dict[str, list[Any]] = {}  # key -> [array, reads still to serve] (``pin``)
@@ -168,21 +167,23 @@ def _numbering(make: Callable[..., Any]) -> Callable[..., Any]:
     return numbered
 
 
-def _note_program_outputs(program: str, outputs: Sequence[Any]) -> None:
-    """Called by ``dispatch`` with what a multi-process program returned: its outputs that
-    some process cannot read by itself are numbered (a replicated one too, where some process
+def _note_program_outputs(program: Any, outputs: Sequence[Any]) -> None:
+    """Called by ``dispatch`` with a program and what it returned: its outputs that some
+    process cannot read by itself are numbered (a replicated one too, where some process
     holds none of it: a mesh over some processes' devices). Which outputs, and their layouts,
-    are the same for every call of the program: decided at its first."""
+    are the same for every call of the program: decided at its first, and kept on it
+    (``plan``); a program with none to number is no longer observed."""
     if _making[0]:
         return  # inside a call that numbers what it makes (``_numbering``)
-    layouts = _layouts.get(program)
-    if layouts is None or len(layouts) != len(outputs):
-        layouts = _layouts[program] = [_numbered_layout(leaf) for leaf in outputs]
-    for leaf, layout in zip(outputs, layouts):  # noqa: B905 - same lengths, checked above
-        if layout is not None:  # _register's steps, without a call per output
-            numbered = _current.get(layout) or _numbered_now(layout)
-            numbered.count = number = numbered.count + 1
-            setattr(leaf, NUMBER, (numbered, number))
+    plan = program.plan
+    if plan is None or plan[0] != len(outputs):
+        layouts = [(i, _numbered_layout(leaf)) for i, leaf in enumerate(outputs)]
+        plan = program.plan = (len(outputs), [(i, lo) for i, lo in layouts if lo is not None])
+        program.observed = bool(plan[1])
+    for index, layout in plan[1]:  # _register's steps, without a call per output
+        numbered = _current.get(layout) or _numbered_now(layout)
+        numbered.count = number = numbered.count + 1
+        setattr(outputs[index], NUMBER, (numbered, number))
     if _waiting[0]:
         _wake()
 
