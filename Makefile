@@ -8,8 +8,8 @@ STAMP := $(VENV)/.installed
 OLDEST_JAX := 0.6.2
 OLDEST := .venv-jax-$(OLDEST_JAX)
 OLDEST_STAMP := $(OLDEST)/.installed
-CORE_TESTS := tests/test_spmd.py tests/test_hang_rule.py tests/test_global_print.py \
-	tests/test_array_kinds.py
+CORE_TESTS := tests/test_hang_rule.py tests/test_global_print.py tests/test_array_kinds.py \
+	tests/test_jax_features.py
 
 .PHONY: lab test test-oldest-jax lint demo notebooks bench system-deps clean
 
