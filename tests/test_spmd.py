@@ -208,10 +208,22 @@ def test_sigkill_of_one_engine_ends_the_cell(ip, cluster, kill_after):
     _assert_recovered(ip, cluster, old)
 
 
+def pressed_while_running(body: str, after: float) -> str:
+    """``body`` with the stop button pressed from inside it: process 0 signals the notebook
+    (this test's process) ``after`` seconds into the cell, so the press lands while the cell
+    runs, however long the machine took to start it (a press before the cell is another
+    test's)."""
+    return (
+        "import os as _os, signal as _signal, threading as _threading, jax as _jax\n"
+        "if _jax.process_index() == 0:\n"
+        f"    _threading.Timer({after}, _os.kill, ({os.getpid()}, _signal.SIGINT)).start()\n"
+        + body
+    )
+
+
 def test_interrupt_stops_every_process(ip, cluster):
     old = [p.pid for p in cluster.processes]
-    threading.Timer(1.5, os.kill, (os.getpid(), signal.SIGINT)).start()
-    _, tb, _ = failing_spmd(ip, "import time\ntime.sleep(60)")
+    _, tb, _ = failing_spmd(ip, pressed_while_running("import time\ntime.sleep(60)", 1.0))
     assert "The cell was interrupted" in tb
     assert "KeyboardInterrupt" in tb
     # the processes stopped by themselves: no restart was needed, their state is kept
@@ -222,11 +234,12 @@ def test_interrupt_stops_every_process(ip, cluster):
 
 def test_interrupt_of_processes_stuck_in_a_collective_recovers(ip, cluster):
     old = [p.pid for p in cluster.processes]
-    threading.Timer(2.0, os.kill, (os.getpid(), signal.SIGINT)).start()
     _, tb, _ = failing_spmd(
         ip,
-        PSUM + "if jax.process_index() != 0:\n    multihost_utils.process_allgather(jnp.ones(()))\n"
-        "else:\n    import time; time.sleep(60)",
+        pressed_while_running(
+            PSUM + "if jax.process_index() != 0:\n"
+            "    multihost_utils.process_allgather(jnp.ones(()))\n"
+            "else:\n    import time; time.sleep(60)", 2.0),
         "--hang-after 100",
     )
     assert "The cell was interrupted" in tb
@@ -278,8 +291,8 @@ def test_a_cell_that_awaits_at_top_level_runs_on_every_process(ip):
 def test_an_interrupt_cancels_a_cell_that_awaits_and_keeps_the_state(ip, cluster):
     old = [p.pid for p in cluster.processes]
     spmd(ip, "kept = jax.process_index()")
-    threading.Timer(1.5, os.kill, (os.getpid(), signal.SIGINT)).start()
-    _, report, _ = failing_spmd(ip, "import asyncio\nawait asyncio.sleep(60)")
+    _, report, _ = failing_spmd(
+        ip, pressed_while_running("import asyncio\nawait asyncio.sleep(60)", 1.0))
     assert "The cell was interrupted" in report and "CancelledError" in report
     assert [p.pid for p in cluster.processes] == old
     text, _ = spmd(ip, "print(kept)")
