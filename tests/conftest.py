@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import signal
 import time
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -11,6 +13,19 @@ import psutil
 import pytest
 
 os.environ.setdefault("IPP_NONINTERACTIVE", "1")
+
+
+@pytest.fixture(autouse=True)
+def sigint_as_python_has_it(request) -> Iterator[None]:
+    """Every test starts with Python's own SIGINT handler, as a notebook's cell runs with: the
+    stop button (SIGINT to this process) is noted only where a Python handler takes SIGINT, and
+    one test left SIGINT ignored in a full run, so that a later press went unnoticed. Which test
+    did is said in pytest's warnings summary."""
+    yield
+    if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        warnings.warn(f"{request.node.nodeid} left SIGINT's handler as "
+                      f"{signal.getsignal(signal.SIGINT)!r}; restored", stacklevel=1)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def cluster_processes(cluster_id: str) -> list[psutil.Process]:
