@@ -17,10 +17,11 @@ os.environ.setdefault("IPP_NONINTERACTIVE", "1")
 
 @pytest.fixture(autouse=True)
 def sigint_as_python_has_it(request) -> Iterator[None]:
-    """Every test starts with Python's own SIGINT handler, as a notebook's cell runs with: the
-    stop button (SIGINT to this process) is noted only where a Python handler takes SIGINT, and
-    one test left SIGINT ignored in a full run, so that a later press went unnoticed. Which test
-    did is said in pytest's warnings summary."""
+    """Every test runs with Python's own SIGINT handler, as a notebook's cell does: the stop
+    button (SIGINT to this process) is noted only where a Python handler takes SIGINT. A suite
+    started in the background by a shell inherits SIGINT ignored, and Playwright's driver leaves
+    it ignored; a test that leaves it changed is named in pytest's warnings summary."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     yield
     if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
         warnings.warn(f"{request.node.nodeid} left SIGINT's handler as "
