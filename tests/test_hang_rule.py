@@ -92,6 +92,26 @@ def test_local_jit_on_one_process_is_not_a_hang(ip, cluster):
     assert pids(cluster) == before
 
 
+def test_only_programs_that_may_wait_on_others_are_counted(ip, cluster):
+    """The hang rule's evidence: a multi-process program with a collective is counted at
+    every call, on both of JAX's dispatch paths; an elementwise one over the same processes,
+    which never waits on another, is not (and its outputs are still numbered: printed)."""
+    text = spmd(
+        ip,
+        "from jaxcluster.engine import dispatch\n"
+        "double, total = jax.jit(lambda v: v * 2), jax.jit(jnp.sum)\n"
+        "for _ in range(3):\n"
+        "    y, s = double(x), total(x)\n"
+        "print(sorted((name, dispatch.counts()['counts'][key]) for key, (name, *_) in\n"
+        "             dispatch.counts()['programs'].items()))\n"
+        "if jax.process_index() == 0:\n"
+        "    print(y)",
+    )
+    assert text.strip() == ("[processes 0-3]\n[('jit(sum)', 3)]\n[process 0]\n"
+                            "[ 0.  2.  4.  6.  8. 10. 12. 14. 16. 18. 20. 22. 24. 26. 28. 30.]"
+                            ), text
+
+
 def test_skip_a_collective_is_a_hang_reported_in_time(ip, cluster):
     before = pids(cluster)
     reported: list[float] = []

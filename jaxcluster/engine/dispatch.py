@@ -2,14 +2,17 @@
 
 A process that waits inside JAX after other processes have ended is hung only if the program
 it waits on needs one of them and that one ran it fewer times (``jaxcluster.cells.hang``). To
-tell, every call of a program whose shardings span devices of several processes is counted
-here, per cell, on both of JAX's dispatch paths, and JAX keeps its own (the outputs of every
-program are handed to ``values``, which numbers those other processes may read):
+tell, every call of a program that spans devices of several processes and may wait on them
+(its compiled HLO has a collective, or a custom call that might be one) is counted here, per
+cell, on both of JAX's dispatch paths, and JAX keeps its own. The outputs of every program
+are handed to what ``values`` planned for it at its first call (numbering those other
+processes may read):
 
 - jit's C++ fast path calls JAX's *post hook* (the one ``jax_debug_nans`` uses) after it
   dispatched a program, before anything waits for its results: ``counted_fast`` counts there,
   then calls JAX's own hook, if one is set. It is on the path of every call of every jitted
-  function, so it is kept to a few lookups (``benchmarks/dispatch.py`` measures it).
+  function, so the program called last is known by two identity checks, and what a program
+  needs is decided at its first call and kept on it (``benchmarks/dispatch.py`` measures it).
 - calls that go through Python (a program's first call, programs with effects) run
   ``ExecuteReplicated.__call__``, wrapped to count before the program runs.
 
@@ -28,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import re
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -37,22 +41,30 @@ from ..render.labels import format_ranges
 FAST_CACHE = 4096  # programs the fast path remembers before it starts afresh
 
 
+# HLO ops with which a program may wait on other processes: collectives, and custom calls
+# (a kernel of its own may exchange data; counting one that does not costs a few lookups)
+WAITS = re.compile(r"\s(all-reduce|all-gather|all-to-all|ragged-all-to-all|reduce-scatter|"
+                   r"collective-permute|collective-broadcast|send|recv|custom-call)(-start)?\(")
+
+
 class Program:
     """A program of a multi-process cluster, and how often this process dispatched it this
-    cell; only one over several processes (``multi``) is counted: only such a one can wait
-    on another process. The others' outputs are observed all the same: a program over one
-    process's devices gives every process that runs it an array the others may read."""
+    cell. Only one over several processes that may wait on them is ``counted``: only such a
+    one can hang. Every one's outputs are handed to ``observe``, when its planners gave one:
+    a program over one process's devices gives every process that runs it an array the
+    others may read."""
 
-    __slots__ = ("calls", "devices", "key", "multi", "name", "observed", "plan", "processes")
+    __slots__ = ("calls", "counted", "devices", "key", "name", "observe", "planned",
+                 "processes")
 
-    def __init__(self, key: str, name: str, processes: tuple[int, ...], devices: int) -> None:
+    def __init__(self, key: str, name: str, processes: tuple[int, ...], devices: int,
+                 waits: bool) -> None:
         self.key, self.name, self.processes, self.devices = key, name, processes, devices
-        self.multi = len(processes) > 1
+        self.counted = waits and len(processes) > 1
         self.calls = 0
-        # the observers' own record of it (``values``: which outputs to number), and whether
-        # its calls need them at all: set at its first call
-        self.plan: Any = None
-        self.observed = True
+        # what is done with its outputs at every call, planned at its first (``_plan``)
+        self.observe: Callable[[Sequence[Any]], None] | None = None
+        self.planned = False
 
 
 _active: list[Program] = []  # the programs dispatched this cell
@@ -64,9 +76,10 @@ FastEntry = tuple[weakref.ref[Any], Any, Program | None]
 _fast: dict[int, FastEntry] = {}
 # the latest program is replaced whole, never changed in place: the control thread reads it
 _state: dict[str, Any] = {"installed": False, "cell": 0, "latest": None, "processes": None}
-# called with (program, outputs) after every program while it is ``observed`` (``values``
-# numbers the outputs other processes may read)
-output_observers: list[Callable[[Program, Sequence[Any]], None]] = []
+# asked at a program's first call, with its outputs, what to do with them at every call: a
+# callable given each call's outputs, or None (``values`` numbers those others may read)
+Planner = Callable[[Program, Sequence[Any]], Callable[[Sequence[Any]], None] | None]
+output_planners: list[Planner] = []
 
 
 def install() -> bool:
@@ -87,8 +100,9 @@ def install() -> bool:
     # backends are made by then, and asking before would make them here
     original_call = hooks.execute_replicated.__call__
     jax_hook = hooks.jax_post_hook
-    leaves, array_type = hooks.tree_leaves, hooks.array_type
-    active, state, observers = _active, _state, output_observers
+    leaves = hooks.tree_leaves
+    array_type: Any = hooks.array_type  # a ``type`` would narrow ``out`` to an ``object``
+    active, state, ident = _active, _state, id
     # (id of the function, its first output's aval, program) of the call before: a loop calls
     # one program over and over; the aval is held, so no other object takes its identity
     last: list[Any] = [None, None, None]
@@ -101,33 +115,34 @@ def install() -> bool:
                 _count(program)
         outputs = original_call(self, *args)
         if program is not None:
-            for observe in observers:
-                with contextlib.suppress(Exception):
-                    observe(program, outputs)
+            with contextlib.suppress(Exception):
+                _observe(program, outputs)
         return outputs
 
     def counted_fast(fun: Any, args: Any, kwargs: Any, out: Any) -> None:
         try:  # not contextlib.suppress: it would make an object on every call
-            flat: list[Any] = [out] if type(out) is array_type else leaves(out)
             # the C++ path gives a program's outputs the same aval objects at every call
-            aval = flat[0].aval if flat else None
-            if aval is last[1] and id(fun) == last[0]:  # the program called last, again
-                program = last[2]
+            if type(out) is array_type and out.aval is last[1] and ident(fun) == last[0]:
+                program, flat = last[2], None  # the program called last, again
             else:
-                known = _fast.get(id(aval) if flat else id(fun))
+                flat = [out] if type(out) is array_type else leaves(out)
+                aval = flat[0].aval if flat else None
+                known = _fast.get(ident(aval) if flat else ident(fun))
                 if known is None or known[1] is not aval or known[0]() is not fun:
                     known = _fast_program(fun, aval, flat)
                 program = known[2]
-                last[:] = id(fun), aval, program
+                last[:] = ident(fun), aval, program
             if program is not None:
-                if program.multi:
+                if program.counted:
                     program.calls = calls = program.calls + 1
                     if calls == 1:
                         active.append(program)
                     state["latest"] = program
-                if program.observed:
-                    for observe in observers:
-                        observe(program, flat)
+                if not program.planned:
+                    _plan(program, flat if flat is not None else [out])
+                observe = program.observe
+                if observe is not None:
+                    observe((out,) if flat is None else flat)
         except Exception:  # JAX's own behaviour wins over the record
             pass
         chained = jax_hook.value
@@ -214,7 +229,7 @@ def _slow_program(call: Any) -> Program | None:
         pass
     program = _slow[call] = _describe(
         str(call.name), list(call.out_handler.out_shardings), list(call.out_handler.out_avals),
-        call.in_handler.in_shardings)
+        call.in_handler.in_shardings, lambda: _may_wait(call.xla_executable))
     return program
 
 
@@ -233,8 +248,12 @@ def _fast_program(fun: Any, aval: Any, flat: list[Any]) -> FastEntry:
 
 
 def _describe(
-    name: str, out_shardings: list[Any], out_avals: list[Any], in_shardings: Sequence[Any]
+    name: str, out_shardings: list[Any], out_avals: list[Any], in_shardings: Sequence[Any],
+    waits: Callable[[], bool] = lambda: True,
 ) -> Program | None:
+    """The program of that name and those shardings, new at its first call; ``waits``: whether
+    it may wait on other processes (a program first met on the fast path, whose executable
+    is out of reach, is presumed to)."""
     devices = {d for s in [*out_shardings, *in_shardings] for d in getattr(s, "device_set", ())}
     processes = tuple(sorted({d.process_index for d in devices}))
     if _state.get("processes") is None:
@@ -249,12 +268,43 @@ def _describe(
     if program is None:
         if len(_by_key) >= FAST_CACHE:
             _by_key.clear()
-        program = _by_key[key] = Program(key, name, processes, len(devices))
+        program = _by_key[key] = Program(key, name, processes, len(devices),
+                                         len(processes) > 1 and waits())
     return program
 
 
+def _may_wait(executable: Any) -> bool:
+    """Whether a compiled program may wait on other processes (unknown: it may)."""
+    try:
+        texts = [module.to_string() for module in executable.hlo_modules()]
+    except Exception:
+        return True
+    return any(WAITS.search(text) for text in texts)
+
+
+def _plan(program: Program, outputs: Sequence[Any]) -> None:
+    """Ask the planners what to do with this program's outputs at every call."""
+    program.planned = True
+    plans = [plan for planner in output_planners
+             if (plan := planner(program, outputs)) is not None]
+    if len(plans) > 1:
+        def observe_all(outs: Sequence[Any]) -> None:
+            for plan in plans:
+                plan(outs)
+        program.observe = observe_all
+    else:
+        program.observe = plans[0] if plans else None
+
+
+def _observe(program: Program, outputs: Sequence[Any]) -> None:
+    if not program.planned:
+        _plan(program, outputs)
+    if program.observe is not None:
+        program.observe(outputs)
+
+
 def _count(program: Program) -> None:
-    if not program.multi:
+    if not program.counted:
         return
     program.calls += 1
     if program.calls == 1:

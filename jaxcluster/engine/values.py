@@ -109,7 +109,7 @@ def install() -> bool:
                 setattr(array, name, made_by)  # ``array.make_array_from_callback`` too
     from . import dispatch
 
-    dispatch.output_observers.append(_note_program_outputs)
+    dispatch.output_planners.append(_plan_numbering)
     _state["installed"] = True
     _on_every_cell()
     return True
@@ -167,25 +167,29 @@ def _numbering(make: Callable[..., Any]) -> Callable[..., Any]:
     return numbered
 
 
-def _note_program_outputs(program: Any, outputs: Sequence[Any]) -> None:
-    """Called by ``dispatch`` with a program and what it returned: its outputs that some
-    process cannot read by itself are numbered (a replicated one too, where some process
-    holds none of it: a mesh over some processes' devices). Which outputs, and their layouts,
-    are the same for every call of the program: decided at its first, and kept on it
-    (``plan``); a program with none to number is no longer observed."""
-    if _making[0]:
-        return  # inside a call that numbers what it makes (``_numbering``)
-    plan = program.plan
-    if plan is None or plan[0] != len(outputs):
-        layouts = [(i, _numbered_layout(leaf)) for i, leaf in enumerate(outputs)]
-        plan = program.plan = (len(outputs), [(i, lo) for i, lo in layouts if lo is not None])
-        program.observed = bool(plan[1])
-    for index, layout in plan[1]:  # _register's steps, without a call per output
-        numbered = _current.get(layout) or _numbered_now(layout)
-        numbered.count = number = numbered.count + 1
-        setattr(outputs[index], NUMBER, (numbered, number))
-    if _waiting[0]:
-        _wake()
+def _plan_numbering(program: Any, outputs: Sequence[Any]) -> Callable[[Sequence[Any]], None] | None:
+    """Asked by ``dispatch`` at a program's first call: what numbers its outputs at every
+    call, or None when every process can read them all by itself. Which outputs, and their
+    layouts, are the same at every call (the program's key is made of them), so they are
+    decided here, once: a call only counts and tags (a replicated output too, where some
+    process holds none of it: a mesh over some processes' devices)."""
+    plan = [(i, layout) for i, leaf in enumerate(outputs)
+            if (layout := _numbered_layout(leaf)) is not None]
+    if not plan:
+        return None
+    making, waiting, current, numbered_now = _making, _waiting, _current, _numbered_now
+
+    def number(outs: Sequence[Any]) -> None:
+        if making[0]:
+            return  # inside a call that numbers what it makes (``_numbering``)
+        for index, layout in plan:  # _register's steps, without a call per output
+            numbered = current.get(layout) or numbered_now(layout)
+            numbered.count = count = numbered.count + 1
+            outs[index]._jaxcluster_number = (numbered, count)  # NUMBER
+        if waiting[0]:
+            _wake()
+
+    return number
 
 
 def _numbered_layout(leaf: Any) -> str | None:
