@@ -115,7 +115,8 @@ def run(
 
     ``on_update`` is called from this thread with the partial result while the cell runs.
     ``on_restart`` runs the recovery (default ``cluster.restart()``, which replays the setup
-    cells) when a process died or could not be stopped. ``cell_number``: the notebook's
+    cells) when a process died, could not be stopped, or was left with its collectives out of
+    step. ``cell_number``: the notebook's
     execution count, which the processes' tracebacks and warnings then name. ``on_input``
     answers the processes' reads of stdin (default: this process's own ``input``).
     """

@@ -215,7 +215,8 @@ class JaxClusterMagics(ClusterMagicsBase):
         "--timeout",
         type=seconds("--timeout", 600), metavar="S",
         help="give up on the cell after this many seconds: interrupt the processes still "
-        "running; restart the cluster only if some cannot be stopped.",
+        "running; restart the whole cluster only if one cannot be stopped, died, or is left "
+        "with its collectives out of step.",
     )
     @argument(
         "--hang-after",
@@ -243,9 +244,12 @@ class JaxClusterMagics(ClusterMagicsBase):
         process is shown with its label and the process's own traceback, and the cell fails.
         Processes that take longer than others are left to finish. A cell is given up on
         only when it hangs (a process waits inside JAX for one that ended without running the
-        same program), at --timeout, or on an interrupt: the running processes are then
-        interrupted, and those that stop keep their state; the cluster is restarted only if
-        some cannot be stopped, and the setup cells (--setup) are replayed.
+        same program), at --timeout, on an interrupt, or when a process dies: the running
+        processes are then interrupted, and those that stop keep their state. The whole
+        cluster is restarted only when a process cannot be stopped, died, or is left with its
+        collectives out of step (interrupted with a multi-process program in flight, or after
+        a failed collective or programs dispatched unequally); a restart loses every
+        process's state and replays the setup cells (--setup).
 
         Examples::
 
