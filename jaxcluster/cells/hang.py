@@ -49,7 +49,7 @@ class Wait:
 
 
 def jax_function(stack: str) -> str | None:
-    """The JAX function a stack (``stacks.main_thread_stack``) is innermost in, if any."""
+    """The JAX function a stack (``evidence.user_stack``) is innermost in, if any."""
     frames = [line for line in stack.splitlines() if line.startswith("File ")]
     if not frames:
         return None
