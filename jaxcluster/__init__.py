@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 
 # not typing's: each host's forking process imports this package before it starts again with
-# the engines' environment, and typing there was 17 ms of CPU a host (engine/bootstrap.py)
+# the engines' environment, so each import here is paid twice on every host (engine/bootstrap.py)
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from .notebook.display import show_sharding
 
 # imported on first use: every engine imports this package (``python -m jaxcluster.engine``),
-# and the notebook-side library it does not need is 0.12 s of CPU per process at start-up
+# and each would otherwise pay at start-up for the notebook-side library it never uses
 _LAZY = {
     "JaxCluster": ".cluster.facade",
     "ProcessInfo": ".contracts",

@@ -30,8 +30,8 @@ DEFAULT_HANG_AFTER = 10.0
 INTERRUPT_GRACE = 3.0  # seconds the processes get to stop after SIGINT before they count as stuck
 PROBE_EVERY = 2.0  # how often the processes still running are looked at, once others ended
 DEATH_GRACE = 1.0  # seconds the others get to finish after one process died
-# seconds a cell may take before it is watched more closely (a trivial cell on 64 processes
-# takes about 0.25 s on 2 cores)
+# seconds a cell may take before it is watched more closely: a trivial cell ends well within
+# it, even on 64 processes (docs/performance.md)
 FIRST_WAIT = 0.5
 HEALTH_EVERY = 0.5  # how often the engines of running processes are checked for deaths
 UPDATE_EVERY = 0.25  # how often streamed output is passed on

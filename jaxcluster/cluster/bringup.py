@@ -262,7 +262,7 @@ def _registered(
             )
             if len(client.ids) > len(ids):
                 # one registered while ipyparallel set up that wait, which then misses it
-                # and lasts until its timeout (seen: a whole start's 120 s)
+                # and lasts until its timeout, the whole start's
                 one_more = None
                 continue
         # on other hosts an answered identity may also name a host that has all its engines

@@ -4,7 +4,7 @@ forked by one process there (``engine/forking.py``), over the line to it
 
 A start of 64 local engines spent most of its time importing the same modules 64 times on a
 few cores, and ipyparallel's ssh launcher starts engines one after another, several ssh round
-trips and a JAX import each (8 hosts × 2 engines: 35 s where importing JAX takes 3). Here each
+trips and a JAX import each (docs/performance.md, *On many hosts*, has both). Here each
 host costs one process and one import, made while the controller starts; a restart forks
 again from the same processes.
 

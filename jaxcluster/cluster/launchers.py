@@ -26,8 +26,8 @@ GPU_PLATFORMS = ("gpu", "cuda", "rocm")
 
 # The hub confirms an engine's registration only on the heartbeat after the engine's first
 # pong: one to two periods after the engine asked. ipyparallel's default period of 3 s makes
-# every start wait seconds for nothing and dead engines go unnoticed as long; 300 ms still left
-# a start's two cores idle for about 0.4 s while the last engines waited.
+# every start wait seconds for nothing and dead engines go unnoticed as long; even 300 ms left
+# a start's cores idle while the last engines waited (docs/performance.md).
 HEARTBEAT_MS = 100
 # an engine is dead after this long without a pong, as ten misses of 300 ms made it before
 DEAD_AFTER_MS = 3000
@@ -38,7 +38,7 @@ HEARTBEAT_MISSES = DEAD_AFTER_MS // HEARTBEAT_MS
 STOP_SECONDS_UNTIL_KILL = 1
 
 # mpiexec must never be SIGKILLed: its ranks would outlive it. On SIGTERM Open MPI ends them
-# (SIGKILL after its own short grace) within about 2 s; this bound is for a stuck mpiexec only.
+# (SIGKILL after its own short grace) well within it; this bound is for a stuck mpiexec only.
 MPIEXEC_SECONDS_UNTIL_KILL = 15
 
 ENGINE_CMD = [sys.executable, "-m", "jaxcluster.engine"]
@@ -150,11 +150,11 @@ def _plan_forked(
     engine_set.stop_seconds_until_kill = STOP_SECONDS_UNTIL_KILL
     plan = _plan(request.launcher, engine_set, config, request, controller_ip)
     plan.engine_launcher = FORKED_ENGINE_SET
-    # no nanny process beside each engine: it costs a Python start (0.6 s of CPU, 28 MiB) per
-    # engine and would relay every back-channel request through one more process; each host's
-    # forking process sees its engines end. Nor does each engine watch the controller's
-    # heartbeat, which would wake its Python at every beat (64 idle engines here: 52% of a
-    # core with the watch, 26% without): its forking process ends it with the cluster
+    # no nanny process beside each engine: it costs a whole Python process per engine and
+    # would relay every back-channel request through one more process; each host's forking
+    # process sees its engines end. Nor does each engine watch the controller's heartbeat,
+    # which would wake its Python at every beat, idle engines too (docs/performance.md): its
+    # forking process ends it with the cluster
     plan.fork = ForkPlan(hosts, [*ENGINE_CMD, NO_NANNY, NO_CONTROLLER_WATCH], ["ssh", *ssh_args],
                          dict(request.environment))
     return plan

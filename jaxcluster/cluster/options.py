@@ -21,14 +21,12 @@ PLATFORMS = ("cpu", "gpu", "cuda", "rocm", "tpu")
 DEFAULT_NODES = 4
 DEFAULT_CPU_DEVICES = 2
 DEFAULT_TIMEOUT = 120.0
-# What one local JAX CPU process costs. Measured on this 2-core box with a 2-process cluster
-# (1 CPU device each, a jnp computation run): the engine's PSS is 142 MiB (RSS 229), and on
-# hosts other than this one its ipyparallel nanny's 28 MiB (RSS 41); rounded up for what user
-# code first allocates.
+# What one local JAX CPU process costs, its engine and any nanny beside it, rounded up for
+# what user code first allocates (how it was measured: docs/performance.md, *Limits*).
 MIB_PER_PROCESS = 256
-# the controller and its schedulers (about 100 MiB PSS together), once per cluster
+# the controller and its schedulers, once per cluster
 MIB_PER_CLUSTER = 256
-# threads count against RLIMIT_NPROC and pid_max: 33 in the engine (XLA's pools), 3 in a nanny
+# threads count against RLIMIT_NPROC and pid_max: XLA's pools in the engine, a few in a nanny
 TASKS_PER_PROCESS = 40
 # a POSIX environment variable name, as shells accept it (``--env NAME=VALUE``, ``engine_env``)
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")

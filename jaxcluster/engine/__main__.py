@@ -15,7 +15,7 @@ HOST_ARG = "--jaxcluster-host="
 def main() -> None:
     """Start an ipyparallel engine with JAX already imported.
 
-    Importing jax takes about a second of CPU. Done here, it overlaps with the controller's
+    Importing jax is most of an engine's start-up. Done here, it overlaps with the controller's
     start-up instead of delaying ``jax.distributed.initialize``. (Not in a thread: ipykernel
     iterates ``sys.modules`` while it starts, and a concurrent import breaks that.) A failed
     import is reported later, by ``initialize``, which imports jax again and gets the same error.
@@ -50,8 +50,8 @@ def main() -> None:
         import ipykernel.debugger  # noqa: F401
     # the engine's cells are kept in its memory (In, Out, %history), not written into the
     # user's IPython history database: every engine writing every cell there fills the
-    # history the user's own IPython shows, and 64 starting engines contending for its lock
-    # made a start 7% slower here
+    # history the user's own IPython shows, and starting engines contending for its lock
+    # slow a start down
     sys.argv.append("--HistoryManager.hist_file=:memory:")
     with imports.entry_points_read_once():
         from ipyparallel.engine.app import main as engine_main
@@ -83,7 +83,7 @@ def _import_what_every_engine_needs() -> None:
 
 
 # what an engine's shell imported after the fork (its history, inspector, default extension,
-# debugger base, event loop): 20 ms of CPU in every engine, once per host instead
+# debugger base, event loop), imported once per host instead of in every engine
 SHELL_IMPORTS = ("IPython.core.oinspect", "IPython.core.completerlib",
                  "IPython.extensions.storemagic", "sqlite3", "bdb", "encodings.idna",
                  "tornado.platform.asyncio")

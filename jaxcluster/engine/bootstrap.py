@@ -4,7 +4,7 @@ This runs before anything else is imported, so that what Python, the dynamic loa
 read as they start (``PYTHONPATH`` and its ``sitecustomize``, ``LD_LIBRARY_PATH``, JAX's
 variables, ...) is the engines', as if it had been given on the command line. It imports only
 ``os``, ``sys`` and ``json``: whatever the process imports before it starts again is paid twice
-on every host (the package's ``typing`` and ``forking``'s modules were 40 ms of CPU a host).
+on every host (as the package's ``typing`` and ``forking``'s modules once were).
 ``forking.py`` has the rest of the notebook's protocol with this process.
 """
 

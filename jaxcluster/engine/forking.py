@@ -83,9 +83,9 @@ def begin() -> Channel:
     """The forking process's first step once it has started again with the engines'
     environment (``bootstrap.py``): say that this host has been reached."""
     # Python's recipe for a process that forks without exec: no collection while the imports
-    # build their million long-lived objects (each pass scans them all again: about 15% of the
-    # imports' CPU here), frozen before each fork (``_fork``) and collected again in each
-    # engine (``_become_engine``), whose collections then leave the shared pages alone
+    # build their million long-lived objects (each pass scans them all again), frozen before
+    # each fork (``_fork``) and collected again in each engine (``_become_engine``), whose
+    # collections then leave the shared pages alone
     gc.disable()
     channel = Channel()
     channel.send({"reached": {"pid": os.getpid(), "host": socket.gethostname()}})

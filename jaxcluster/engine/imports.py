@@ -1,17 +1,17 @@
 """What the engine's and the controller's start-up leaves out of the imports it makes.
 
 - **Modules they never use** (``without``), hidden while a dependency imports them if present:
-  debugpy in an engine (ipyparallel gives an engine no debug channel; 0.2 s of CPU a process)
-  and numpy in the controller (only ipyparallel's "weighted" task scheme uses it there, and
-  jaxcluster does not choose it; about 0.1 s). Hidden for that import only.
+  debugpy in an engine (ipyparallel gives an engine no debug channel) and numpy in the
+  controller (only ipyparallel's "weighted" task scheme uses it there, and jaxcluster does
+  not choose it). Hidden for that import only.
 - **Repeated entry-point scans** (``entry_points_read_once``). Each call of
   ``importlib.metadata.entry_points`` reads every installed distribution's entry points again
-  (147 distributions here: about 12 ms of CPU a call). ipyparallel's ``Cluster`` class makes
+  (so a call costs more the more are installed). ipyparallel's ``Cluster`` class makes
   four such calls as it is imported (two traits' help texts, each read twice), in every host's
   forking process and in the controller; JAX makes one more in each engine as it looks for
-  its plugins (17 ms in a forked engine). Within the context, every call is answered from one
-  reading, kept for the process and for the engines it forks: a start at 8 hosts × 2 engines
-  paid about 0.7 s of CPU for these scans, 0.1 s now. The standard library's own function is
+  its plugins. Within the context, every call is answered from one reading, kept for the
+  process and for the engines it forks (what that saves: docs/performance.md, *On many
+  hosts*). The standard library's own function is
   back once the context ends (a module that imported the function by name inside it keeps the
   reading: ipyparallel's trait types).
 

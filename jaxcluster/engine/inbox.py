@@ -2,9 +2,9 @@
 named calls without going through ipyparallel.
 
 Why by hand: every ipyparallel request is a round trip through the controller, with the
-engine's status published before and after it, about 2.5 ms of CPU per engine on 2 cores; at 64
-processes that round trip alone costs more than writing a 64 MiB value once into /dev/shm, and
-most of a trivial ``%%spmd`` cell. The inbox serves a few named calls (``CALLS``) and nothing
+engine's status published before and after it; with many processes those round trips alone
+cost more than writing a large value once into /dev/shm, and most of a trivial ``%%spmd``
+cell (docs/performance.md). The inbox serves a few named calls (``CALLS``) and nothing
 else: "map this file as NAME", "put the old value back" (``data``), and "run this cell"
 (``cells.run_cell``, whose output still goes out on iopub, through ipyparallel). Requests are
 JSON naming one of them, never pickles; a cell's code is what ipyparallel's own execute request

@@ -56,7 +56,7 @@ def versions() -> dict[str, str]:
 
     Distributions are told by their metadata folders' names (``NAME-VERSION.dist-info``,
     ``NAME[-VERSION].egg-info``), and only those that match are read: reading every
-    distribution's metadata cost each process 60 ms of CPU at start."""
+    distribution's metadata would lengthen every process's start."""
     import importlib.metadata
     import platform
 
