@@ -51,11 +51,15 @@ def test_devices_table_lists_the_global_device_set(ip):
     assert "<table" in html and html.count("2048") >= 1
 
 
-def test_devices_of_one_process(ip):
-    (out,) = shown(ip, "jax_devices", "--process 1")
+@pytest.mark.parametrize("line, expected", [
+    ("--process 1", ["2048", "2049"]),
+    ("-p 1-2", ["2048", "2049", "4096", "4097"]),  # the same SPEC as %%spmd -p
+])
+def test_devices_of_some_processes(ip, line, expected):
+    (out,) = shown(ip, "jax_devices", line)
     rows = [line.split() for line in out.data["text/plain"].splitlines()]
     ids = [row[0] for row in rows if row and row[0].isdigit()]
-    assert ids == ["2048", "2049"]
+    assert ids == expected
 
 
 def test_bad_process_for_devices(ip):

@@ -28,6 +28,7 @@ from .magics_args import (
     name_argument,
     parse,
     process_option,
+    processes_option,
     seconds,
     sync_choice,
     unquote,
@@ -201,10 +202,9 @@ class JaxClusterMagics(ClusterMagicsBase):
         progress.finish(None if quiet else cluster.summary())
 
     @magic_arguments()
-    @process_option(
+    @processes_option(
         "show only these processes' output: 0, 0,2, 1-3 or all (the cell runs on all). "
-        "Default all.",
-        default="all", type=str, metavar="SPEC",
+        "Default all."
     )
     @argument(
         "--no-collapse",
@@ -317,7 +317,7 @@ class JaxClusterMagics(ClusterMagicsBase):
             raise SPMDError(*cell_render.error_report(result, selected, collapsed))
 
     @magic_arguments()
-    @process_option("show only this process's local devices (a process index). Default: all.")
+    @processes_option("show only these processes' local devices: 0, 0,2, 1-3 or all. Default all.")
     @line_magic
     @usage_errors
     def jax_devices(self, line: str) -> None:
@@ -330,7 +330,7 @@ class JaxClusterMagics(ClusterMagicsBase):
         Examples::
 
             %jax_devices
-            %jax_devices --process 1
+            %jax_devices -p 1-2
         """
         args = parse(self.jax_devices, line)
         if self.cluster is None or not self.cluster.running:
@@ -338,7 +338,9 @@ class JaxClusterMagics(ClusterMagicsBase):
 
             records, note = notebook_devices()
         else:
-            records, note = self.cluster.devices(args.process), None
+            shown = set(process_spec(args.process, self.cluster, "-p/--process"))
+            records = [r for r in self.cluster.devices() if r["process_index"] in shown]
+            note = None
         show(render_devices_text(records, note), render_devices_html(records, note))
 
     @magic_arguments()

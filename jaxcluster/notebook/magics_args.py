@@ -85,6 +85,23 @@ def index(option: str, hint: str = "") -> Callable[[str], int]:
     return convert
 
 
+PROCESS_SPEC = re.compile(r"\d+(-\d+)?(,\d+(-\d+)?)*|all")
+
+
+def processes(option: str) -> Callable[[str], str]:
+    """An ``argparse`` type: processes as ``0``, ``0,2``, ``1-3`` or ``all``, checked for form
+    here (the cluster checks that it has them)."""
+
+    def convert(value: str) -> str:
+        if not PROCESS_SPEC.fullmatch(value.replace(" ", "")):
+            raise argparse.ArgumentTypeError(
+                f"{option} takes processes as 0, 0,2, 1-3 or all, not {value!r}."
+            )
+        return value
+
+    return convert
+
+
 ENV_EXAMPLE = "--env XLA_PYTHON_CLIENT_PREALLOCATE=false"
 
 
@@ -140,6 +157,11 @@ def process_option(help: str, default: Any = None, **kwargs: Any) -> Decorator:
     kwargs.setdefault("type", index("--process"))
     kwargs.setdefault("metavar", "N")
     return argument("-p", "--process", default=default, help=help, **kwargs)
+
+
+def processes_option(help: str) -> Decorator:
+    """``-p/--process SPEC``: the processes a magic shows, the same SPEC wherever several can be."""
+    return process_option(help, default="all", type=processes("--process"), metavar="SPEC")
 
 
 def name_argument(help: str) -> Decorator:
