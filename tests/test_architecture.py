@@ -1,5 +1,9 @@
 """The package's shape: one folder per concern, data flowing one way between them, IPython only
-at the edges, and each folder used by the others only through what its ``__init__`` offers."""
+at the edges, and each folder used by the others only through what its ``__init__`` offers.
+
+Top-level modules count as nodes of the same graph: the public surface sits above every folder
+(it may import them, nothing imports it), the others (``errors``, ``contracts``) below every
+folder (any folder may import them, they import no folder)."""
 
 from __future__ import annotations
 
@@ -17,6 +21,8 @@ PACKAGE = Path(jaxcluster.__file__).parent
 FOLDERS = sorted(init.parent.name for init in PACKAGE.glob("*/__init__.py"))
 EDGES = {"notebook", "engine"}  # the only folders that may import IPython
 PUBLIC_SURFACE = {"jaxcluster", "jaxcluster.__main__"}  # may import the glue, lazily
+TOP_LEVEL = sorted(f"jaxcluster.{path.stem}".removesuffix(".__init__")
+                   for path in PACKAGE.glob("*.py"))
 IPYTHON = {"IPython", "ipykernel", "ipywidgets"}
 ARCHITECTURE_PAGE = PACKAGE.parent / "docs" / "architecture.md"
 
@@ -63,6 +69,21 @@ def folder(module: str) -> str | None:
     return parts[1] if inside else None
 
 
+def node(module: str) -> str | None:
+    """A module's node of the package graph: its folder, or itself at the top level; None for
+    outsiders."""
+    if folder(module):
+        return folder(module)
+    return module if module in TOP_LEVEL else None
+
+
+def imported(imp: Import) -> list[str]:
+    """The modules an import reaches: ``from jaxcluster import engine`` is ``jaxcluster.engine``,
+    not the public surface."""
+    submodules = [f"{imp.target}.{n}" for n in imp.names if f"{imp.target}.{n}" in modules()]
+    return submodules if submodules and len(submodules) == len(imp.names) else [imp.target]
+
+
 def offered(folder_name: str) -> list[str]:
     """What a folder's ``__init__`` offers the others: its ``__all__``."""
     tree = ast.parse((PACKAGE / folder_name / "__init__.py").read_text())
@@ -106,14 +127,33 @@ def test_no_import_cycle():
     assert not cycles(graph)
 
 
-def test_folders_depend_on_each_other_one_way():
-    graph: dict[str, set[str]] = {name: set() for name in FOLDERS}
+def package_graph() -> dict[str, set[str]]:
+    """Folders and top-level modules, each pointing at those it imports."""
+    graph: dict[str, set[str]] = {name: set() for name in FOLDERS + TOP_LEVEL}
     for imp in imports():
-        source, target = folder(imp.module), folder(imp.target)
-        if source and target and source != target:
-            graph[source].add(target)
+        source = node(imp.module)
+        for target in map(node, imported(imp)):
+            if source and target and source != target:
+                graph[source].add(target)
+    return graph
+
+
+def test_folders_and_top_level_modules_depend_on_each_other_one_way():
+    graph = package_graph()
     assert not cycles(graph), graph
-    assert not any("notebook" in targets for targets in graph.values())
+    assert {n for n, targets in graph.items() if "notebook" in targets} <= PUBLIC_SURFACE
+
+
+def test_nothing_imports_the_public_surface():
+    importers = {n for n, targets in package_graph().items() if targets & PUBLIC_SURFACE}
+    assert not importers
+
+
+def test_the_other_top_level_modules_lie_below_every_folder():
+    below = set(TOP_LEVEL) - PUBLIC_SURFACE
+    graph = package_graph()
+    upward = {n: sorted(graph[n] & set(FOLDERS)) for n in below if graph[n] & set(FOLDERS)}
+    assert not upward
 
 
 def test_ipython_is_imported_only_by_the_glue_and_the_engines():
@@ -133,7 +173,7 @@ def test_the_other_folders_use_only_what_a_folder_offers(name):
     offer = set(offered(name))
     strays = []
     for imp in imports():
-        if folder(imp.target) != name or folder(imp.module) in (name, None):
+        if folder(imp.target) != name or folder(imp.module) == name:
             continue
         rest = imp.target.split(".")[2:]
         used = [rest[0]] if rest else list(imp.names)

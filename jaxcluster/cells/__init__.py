@@ -3,6 +3,7 @@ deaths, hangs and interrupts, and recovered from, least destructive step first. 
 ``spmd`` (``run``, ``SPMDResult``), ``calls`` (a function run as a cell), ``live`` (outputs as
 they come), ``recovery`` (setup cells, replayed), ``backchannel`` (calls to any process, also
 while it is busy), ``inboxes`` (the same calls to processes on this host, without the
-controller) and ``interrupts`` (the stop button, noted while a cell is sent and watched)."""
+controller), ``interrupts`` (the stop button, noted while a cell is sent and watched) and
+``handle`` (what cells and data need of a cluster)."""
 
-__all__ = ["backchannel", "calls", "inboxes", "interrupts", "live", "recovery", "spmd"]
+__all__ = ["backchannel", "calls", "handle", "inboxes", "interrupts", "live", "recovery", "spmd"]

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ..contracts import ClusterHandle
+from .handle import ClusterHandle
 
 NAME = "_jaxcluster_call"
 

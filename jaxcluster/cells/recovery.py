@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from ..contracts import ClusterHandle
+    from .handle import ClusterHandle
     from .spmd import SPMDResult
 
 

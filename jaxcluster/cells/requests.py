@@ -23,9 +23,9 @@ from typing import Any, Protocol
 
 from ipyparallel.error import RemoteError
 
-from ..contracts import ClusterHandle
 from ..engine import cells
 from .backchannel import CallError
+from .handle import ClusterHandle
 from .inboxes import Pending, request
 from .live import Relay
 

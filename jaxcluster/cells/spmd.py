@@ -20,10 +20,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..contracts import ClusterHandle
 from ..errors import UNKNOWN_ERROR, SPMDError, remote_error
 from ..render.labels import process_label
 from . import asks, evidence, global_values, hang, interrupts, requests
+from .handle import ClusterHandle
 from .live import Relay
 
 DEFAULT_HANG_AFTER = 10.0

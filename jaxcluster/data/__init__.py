@@ -2,8 +2,7 @@
 processes, each jax.Array assembled here from its shards), ``push`` (a value on every process or
 on none; with a ``MeshSharding``, a global jax.Array sent slice by slice), ``Transfer`` (what
 moved), ``FileServer`` (where other hosts read a pushed value from the notebook) and ``Synced``
-(the notebook's folder on every host); it knows a cluster only as a
-``contracts.ClusterHandle``."""
+(the notebook's folder on every host); it knows a cluster only as a ``ClusterHandle``."""
 
 from __future__ import annotations
 

@@ -18,21 +18,32 @@ import uuid
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import ipyparallel as ipp
 import numpy as np
 
-from ..contracts import ClusterHandle
+from ..cells import handle
 from ..engine import data as engine
 from ..errors import ConfigError, JaxClusterError, engine_error_message
 from ..render.labels import process_label
 from .shared_files import SharedFiles
 
+if TYPE_CHECKING:
+    from .file_server import FileServer
+
 PIECE_BYTES = 16 * 2**20
 IN_FLIGHT_BYTES = 64 * 2**20
 WINDOW = 2  # calls queued on one engine: one running, the next one waiting
 CLEANUP_SECONDS = 10.0
+
+
+class ClusterHandle(handle.ClusterHandle, Protocol):
+    """The part of ``JaxCluster`` that moving data uses: what running cells use (its processes'
+    inboxes and back channels), and where other hosts read pushed values."""
+
+    @property
+    def file_server(self) -> FileServer | None: ...
 
 
 @dataclass

@@ -17,9 +17,9 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..contracts import ClusterHandle
 from ..engine import sync as engine_sync
 from ..errors import ConfigError
+from .session import ClusterHandle
 
 DEFAULT_LIMIT = 100 * 2**20
 ANSWER_TIMEOUT = 60.0

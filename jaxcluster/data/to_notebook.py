@@ -15,11 +15,10 @@ from typing import Any
 
 import numpy as np
 
-from ..contracts import ClusterHandle
 from ..engine import data as engine
 from ..errors import ConfigError
 from ..render.labels import process_label
-from .session import Call, Session, Transfer, check_name, row_ranges
+from .session import Call, ClusterHandle, Session, Transfer, check_name, row_ranges
 
 # an array to assemble: ("global", k) for a global array, ("local", process, k) for one
 # process's own; k is its place among the jax.Arrays of a process's value

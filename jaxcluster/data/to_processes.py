@@ -23,12 +23,11 @@ from typing import Any
 import ipyparallel as ipp
 import numpy as np
 
-from ..contracts import ClusterHandle
 from ..engine import data as engine
 from ..errors import ConfigError, JaxClusterError, engine_error_message
 from ..render.labels import process_label
 from .mesh import MeshSharding
-from .session import CLEANUP_SECONDS, Call, Session, Transfer, check_name, row_ranges
+from .session import CLEANUP_SECONDS, Call, ClusterHandle, Session, Transfer, check_name, row_ranges
 from .shared_files import SharedFiles, Slot
 
 # seconds a host's process may take to connect to the notebook's file server, and each read

@@ -1,0 +1,35 @@
+"""What running cells needs of a cluster: the ``ClusterHandle``.
+
+``cells`` and ``data`` know a cluster by this ``Protocol``, never by ``cluster``'s class: the
+façade imports them, so depending on a ``Protocol`` keeps the imports one-way.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from ..contracts import ProcessInfo, Progress
+    from .backchannel import BackChannel
+    from .inboxes import Inboxes
+
+
+class ClusterHandle(Protocol):
+    """The part of ``JaxCluster`` that running cells use."""
+
+    processes: list[ProcessInfo]
+    timeout: float
+    inboxes: Inboxes  # the processes on this host, reached without ipyparallel (push, cells)
+    backchannel: BackChannel  # every process, also while it is busy (cells, evidence, signals)
+    machines: list[str | None]  # by process index: the machine it runs on; None: unknown
+    here: set[int]  # the processes that showed they run on the notebook's machine
+
+    @property
+    def client(self) -> Any: ...  # ipyparallel.Client
+
+    @property
+    def view(self) -> Any: ...  # ipyparallel.DirectView over all engines, in process order
+
+    def dead_processes(self) -> dict[int, str]: ...
+
+    def restart(self, progress: Progress | None = None) -> Any: ...
