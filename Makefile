@@ -9,7 +9,7 @@ OLDEST_JAX := 0.6.2
 OLDEST := .venv-jax-$(OLDEST_JAX)
 OLDEST_STAMP := $(OLDEST)/.installed
 CORE_TESTS := tests/test_hang_rule.py tests/test_global_print.py tests/test_array_kinds.py \
-	tests/test_jax_features.py
+	tests/test_jax_features.py tests/test_jax_adapter.py
 
 .PHONY: lab test test-oldest-jax lint demo notebooks bench system-deps clean
 

@@ -8,6 +8,7 @@ import sys
 import ipyparallel as ipp
 
 from ..contracts import ProcessInfo
+from ..engine import jax_internals
 from ..engine import process as _engine
 from ..errors import ConfigError, JaxClusterError, engine_error_message
 from .gather import gather
@@ -29,9 +30,8 @@ def notebook_devices() -> tuple[list[dict], str]:
     if "jax" not in sys.modules:  # not imported: certainly no backend
         return [], NO_BACKEND_NOTE
     import jax
-    from jax._src import xla_bridge
 
-    if not xla_bridge.backends_are_initialized():
+    if not jax_internals.backends_initialized():
         return [], NO_BACKEND_NOTE
     from ..render.layout import device_record
 

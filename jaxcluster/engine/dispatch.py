@@ -37,6 +37,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..render.labels import format_ranges
+from . import jax_internals
 
 FAST_CACHE = 4096  # programs the fast path remembers before it starts afresh
 
@@ -91,8 +92,6 @@ def install() -> bool:
         return True
     if os.environ.get("JAXCLUSTER_DISPATCH_RECORD") == "0":
         return False
-    from . import jax_internals
-
     hooks = jax_internals.dispatch_hooks()
     if hooks is None:
         return False
@@ -227,9 +226,9 @@ def _slow_program(call: Any) -> Program | None:
         return _slow[call]
     except KeyError:
         pass
-    program = _slow[call] = _describe(
-        str(call.name), list(call.out_handler.out_shardings), list(call.out_handler.out_avals),
-        call.in_handler.in_shardings, lambda: _may_wait(call.xla_executable))
+    runs = jax_internals.replicated_call(call)
+    program = _slow[call] = _describe(runs.name, runs.out_shardings, runs.out_avals,
+                                      runs.in_shardings, lambda: _may_wait(runs.hlo_texts))
     return program
 
 
@@ -273,10 +272,10 @@ def _describe(
     return program
 
 
-def _may_wait(executable: Any) -> bool:
+def _may_wait(hlo_texts: Callable[[], list[str]]) -> bool:
     """Whether a compiled program may wait on other processes (unknown: it may)."""
     try:
-        texts = [module.to_string() for module in executable.hlo_modules()]
+        texts = hlo_texts()
     except Exception:
         return True
     return any(WAITS.search(text) for text in texts)

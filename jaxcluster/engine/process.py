@@ -16,7 +16,7 @@ import sys
 import time
 from typing import Any
 
-from . import imports
+from . import imports, jax_internals
 from .topology import scheduler_topology
 
 # Where MPI implementations and Slurm put a process's rank; MPI's first, because mpiexec run
@@ -243,19 +243,16 @@ def _enable_cross_host_transfers(address: str) -> None:
     """
     import jax
 
-    try:
-        from jax._src import xla_bridge
-
-        socket_flag = xla_bridge.CROSS_HOST_TRANSFER_SOCKET_ADDRESS
-        transport_flag = xla_bridge.CROSS_HOST_TRANSPORT_ADDRESSES
-    except (ImportError, AttributeError):  # a JAX without DCN transfers
+    settings = jax_internals.cross_host_transfer_settings()
+    if settings is None:  # a JAX without DCN transfers
         return
-    if socket_flag.value:
+    socket_address, transport_addresses = settings
+    if socket_address:
         return
     # a real port: with port 0 the other processes are told ":0" and their transfers hang
     port = claim_port().get("port", 0)
     jax.config.update("jax_cross_host_transfer_socket_address", f"{address}:{port}")
-    if not transport_flag.value:
+    if not transport_addresses:
         jax.config.update("jax_cross_host_transport_addresses", f"{address}:0")
 
 
@@ -264,34 +261,19 @@ def _cpu_collectives_listen_on(address: str) -> None:
 
     gloo listens on whatever the host name resolves to, which other hosts often cannot reach
     (Debian maps it to 127.0.1.1; network namespaces share one name). JAX has no option for it,
-    so the CPU backend's factory is replaced, before any backend exists, by one that names the
-    address. Where JAX's internals differ, its own default stays.
+    so the CPU backend's factory is replaced (``jax_internals``), before any backend exists.
     """
     import jax
 
     # read by name: JAX declares its options at run time, invisible to type checkers
     if getattr(jax.config, "jax_cpu_collectives_implementation", None) != "gloo":
         return
-    try:
-        from jax._src import distributed, xla_bridge
-        from jax._src.lib import _jax
-    except ImportError:
-        return
-
-    def make_cpu_client() -> Any:
-        collectives = _jax.make_gloo_tcp_collectives(
-            distributed_client=distributed.global_state.client, hostname=address
-        )
-        return xla_bridge.make_cpu_client(collectives=collectives)
-
-    xla_bridge.register_backend_factory("cpu", make_cpu_client, priority=0, fail_quietly=False)
+    jax_internals.cpu_collectives_listen_on(address)
 
 
 def describe_jax() -> dict:
     """This process's place in the JAX job."""
     import jax
-
-    from . import jax_internals
 
     local = jax.local_devices()
     return {
@@ -360,12 +342,10 @@ def _install_hooks(
 def _serve_shards(address: str | None) -> None:
     """Serve this process's shards to the others' reads (``shards.py``), on ``address``, or
     where the coordinator is reached from, signed with the cluster's key."""
-    from jax._src import distributed
-
     from . import shards
 
-    state = distributed.global_state
-    if state.client is None or state.process_id is None:
+    state = jax_internals.coordination()
+    if state is None or state.client is None or state.process_id is None:
         return
     if address is None:
         address = _address_towards(state.coordinator_address or "127.0.0.1:0")

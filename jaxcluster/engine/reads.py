@@ -12,7 +12,7 @@ refuse takes this path; everything else stays JAX's own.
 Indexing such an array reads only the indexed box and gives an array on this process, as
 JAX's own iteration over a sharded array does; computations stay global, made by every
 process together (a slice taken inside ``jax.jit`` stays sharded). A whole read is kept on the
-array, as JAX keeps its own (``_npy_value``), and goes with it.
+array, as JAX keeps its own, and goes with it.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..render.labels import process_label
-from . import shards, values
+from . import jax_internals, shards, values
 
 Box = list[tuple[int, int]]
 Bounds = tuple[tuple[int, int], ...]  # a box as a dictionary key
@@ -33,16 +33,13 @@ _readers: dict[tuple[str, Bounds, int], int] = {}  # (layout, box, owner) -> pro
 
 def install() -> bool:
     """Patch ``jax.Array``'s value path and ``jax.device_put``; True when installed."""
-    try:
-        import jax
-        from jax._src import api, array
-    except ImportError:
+    import jax
+
+    hooks = jax_internals.array_hooks()
+    if hooks is None:
         return False
-    impl = array.ArrayImpl
-    if getattr(impl, "_jaxcluster_reads", False):
-        return True
-    value_getter = impl._value.fget
-    original_iter, original_getitem = impl.__iter__, impl.__getitem__
+    value_getter, put = hooks.jax_value, hooks.device_put
+    original_iter, original_getitem = hooks.jax_iter, hooks.jax_getitem
 
     def patched_value(self: Any) -> Any:
         __tracebackhide__ = True  # IPython leaves these frames out of the user's tracebacks
@@ -54,15 +51,15 @@ def install() -> bool:
                 raise
         value = read(self)
         value.flags.writeable = False
-        self._npy_value = value  # as JAX keeps its own: freed with the array
+        hooks.keep_value(self, value)  # as JAX keeps its own
         return value
 
     def patched_iter(self: Any) -> Any:
         __tracebackhide__ = True
         keep_for_readers(self)
         if self.ndim and values.held_elsewhere(self):
-            whole = self._value
-            return (api.device_put(whole[i]) for i in range(self.shape[0]))
+            whole = hooks.whole_value(self)
+            return (put(whole[i]) for i in range(self.shape[0]))
         return original_iter(self)
 
     def patched_getitem(self: Any, idx: Any, /) -> Any:
@@ -73,16 +70,12 @@ def install() -> bool:
             if values.held_elsewhere(self):
                 jax.eval_shape(lambda a: a[idx], self)  # JAX's own errors, as it would raise
                 box, within = found
-                whole = self._npy_value  # read already
-                return api.device_put(whole[idx] if whole is not None else
-                                      read(self, box)[within])
+                whole = hooks.kept_value(self)  # read already
+                return put(whole[idx] if whole is not None else read(self, box)[within])
         return original_getitem(self, idx)
 
-    impl._value = property(patched_value)  # type: ignore[method-assign]
-    impl.__iter__ = patched_iter  # type: ignore[method-assign]
-    impl.__getitem__ = patched_getitem  # type: ignore[method-assign]
-    impl._jaxcluster_reads = True  # type: ignore[attr-defined]
-    jax.device_put = _between_device_sets(jax.device_put, api.device_put)
+    if hooks.patch_value_path(patched_value, patched_iter, patched_getitem):
+        jax.device_put = _between_device_sets(jax.device_put, put)
     return True
 
 
@@ -309,7 +302,7 @@ def _across(leaf: Any, target: Any) -> bool:
     if not isinstance(leaf, jax.Array) or leaf.sharding.device_set == target.device_set:
         return False
     if leaf.is_fully_addressable:
-        own = not getattr(leaf, "_committed", True) or isinstance(leaf.sharding,
+        own = not getattr(leaf, "committed", True) or isinstance(leaf.sharding,
                                                                   SingleDeviceSharding)
         return not own and not target.is_fully_addressable
     return True

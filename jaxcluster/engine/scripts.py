@@ -57,7 +57,8 @@ def script_initialize_conflict(
     """The first argument of a script's ``jax.distributed.initialize`` that disagrees with this
     process's place in the running cluster, as (``name=value``, why), or None."""
     import jax
-    from jax._src.distributed import global_state
+
+    from . import jax_internals
 
     if num_processes is not None and num_processes != jax.process_count():
         return (f"num_processes={num_processes}",
@@ -66,7 +67,8 @@ def script_initialize_conflict(
         return (f"process_id={process_id}",
                 f"this is process {jax.process_index()} (each process's index is "
                 "jax.process_index(); launch order decides it)")
-    ours = global_state.coordinator_address
+    state = jax_internals.coordination()
+    ours = state.coordinator_address if state is not None else None
     if coordinator_address is not None and ours and not _same_endpoint(coordinator_address, ours):
         return (f"coordinator_address={coordinator_address!r}",
                 f"its coordinator is {ours}")

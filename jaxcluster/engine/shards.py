@@ -33,7 +33,7 @@ import threading
 import uuid
 from typing import Any
 
-from . import values
+from . import jax_internals, values
 
 CHALLENGE_BYTES = 16
 CONNECT_TIMEOUT = 4.0  # a live owner accepts at once, busy or not: its server is a thread
@@ -200,9 +200,8 @@ def _published(owner: int) -> dict[str, Any]:
     """What ``owner`` published: its server's address and its machine."""
     cached = _state["addresses"].get(owner)
     if cached is None:
-        from jax._src import distributed
-
-        client = distributed.global_state.client
+        state = jax_internals.coordination()
+        client = state.client if state is not None else None
         if client is None:
             raise ConnectionError("jax.distributed is not initialized here")
         cached = json.loads(client.blocking_key_value_get(ADDRESS_KEY.format(owner),

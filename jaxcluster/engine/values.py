@@ -77,38 +77,32 @@ def install() -> bool:
     installed (where JAX's internals differ, nothing is)."""
     if _state["installed"]:
         return True
-    try:
-        import jax
-        from jax._src import array
-    except ImportError:
+    import jax
+
+    from . import dispatch, jax_internals
+
+    hooks = jax_internals.array_hooks()
+    if hooks is None:
         return False
-    impl = array.ArrayImpl
-    originals = {name: getattr(impl, name) for name in ("__repr__", "__str__", "__format__")}
+    jax_repr, jax_str, jax_format = hooks.jax_repr, hooks.jax_str, hooks.jax_format
 
     def patched_repr(self: Any) -> str:
         __tracebackhide__ = True  # IPython leaves these frames out of the user's tracebacks
-        return _placeholder(self, "repr") or originals["__repr__"](self)
+        return _placeholder(self, "repr") or jax_repr(self)
 
     def patched_str(self: Any) -> str:
         __tracebackhide__ = True
-        return _placeholder(self, "str") or originals["__str__"](self)
+        return _placeholder(self, "str") or jax_str(self)
 
     def patched_format(self: Any, spec: str) -> str:
         __tracebackhide__ = True
         mode = "str" if not spec else "format:" + spec.encode().hex() if self.ndim == 0 else ""
-        return (mode and _placeholder(self, mode)) or originals["__format__"](self, spec)
+        return (mode and _placeholder(self, mode)) or jax_format(self, spec)
 
-    impl.__repr__ = patched_repr  # type: ignore[method-assign]
-    impl.__str__ = patched_str  # type: ignore[method-assign]
-    impl.__format__ = patched_format  # type: ignore[method-assign]
+    hooks.patch_printing(patched_repr, patched_str, patched_format)
     for name in MADE_BY:
         if hasattr(jax, name):
-            made_by = _numbering(getattr(jax, name))
-            setattr(jax, name, made_by)
-            if getattr(array, name, None) is getattr(made_by, "__wrapped__", None):
-                setattr(array, name, made_by)  # ``array.make_array_from_callback`` too
-    from . import dispatch
-
+            hooks.patch_maker(name, _numbering(getattr(jax, name)))
     dispatch.output_planners.append(_plan_numbering)
     _state["installed"] = True
     _on_every_cell()
@@ -196,7 +190,7 @@ def _numbered_layout(leaf: Any) -> str | None:
     """The layout an output is numbered by; None where every process can read it by itself."""
     import jax
 
-    if not isinstance(leaf, jax.Array) or not getattr(leaf, "_committed", True):
+    if not isinstance(leaf, jax.Array) or not getattr(leaf, "committed", True):
         return None  # an uncommitted one is on this process's default device: its own
     everywhere = leaf.is_fully_replicated and len(
         {d.process_index for d in leaf.sharding.device_set}  # type: ignore[attr-defined]
