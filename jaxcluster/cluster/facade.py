@@ -26,7 +26,8 @@ from ..errors import ConfigError, JaxClusterError, NoClusterError
 from . import attach, bringup, distributed, queries
 from .event_loop import LoopThread
 from .health import Health
-from .options import ATTACHED, PLATFORMS, ClusterOptions, OptionAttribute, positive_int
+from .option_table import PLATFORMS, positive_int
+from .options import ATTACHED, ClusterOptions, OptionAttribute
 
 __all__ = ["PLATFORMS", "JaxCluster"]  # PLATFORMS: read from here by the magics
 

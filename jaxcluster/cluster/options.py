@@ -6,7 +6,6 @@ A bad option is rejected before anything starts, with a message naming the fix.
 from __future__ import annotations
 
 import os
-import re
 import resource
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
@@ -16,8 +15,14 @@ import psutil
 from ..errors import ConfigError
 from .hosts import check_hosts_options, check_local_ip, parse_hosts, split_host_port
 from .launchers import LaunchRequest, check_launcher, engine_environment, split_launcher_args
+from .option_table import (
+    _checked_platform,
+    _sync_folder,
+    check_engine_env,
+    positive_int,
+    positive_seconds,
+)
 
-PLATFORMS = ("cpu", "gpu", "cuda", "rocm", "tpu")
 DEFAULT_NODES = 4
 DEFAULT_CPU_DEVICES = 2
 DEFAULT_TIMEOUT = 120.0
@@ -30,37 +35,10 @@ MIB_PER_PROCESS = 256
 MIB_PER_CLUSTER = 256
 # threads count against RLIMIT_NPROC and pid_max: 33 in the engine (XLA's pools), 3 in a nanny
 TASKS_PER_PROCESS = 40
-# a POSIX environment variable name, as shells accept it (``--env NAME=VALUE``, ``engine_env``)
-ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 # the launcher of a cluster attached by ``connect``: its engines were started by someone else
 ATTACHED = "attached"
 
 T = TypeVar("T")
-
-
-def positive_int(value: Any, option: str, example: str) -> int:
-    """``value`` as a whole number of at least 1, or a ``ConfigError`` naming ``option``."""
-    if isinstance(value, int) and not isinstance(value, bool):
-        number = value
-    elif isinstance(value, str) and value.strip().isdigit():
-        number = int(value)
-    else:
-        number = 0
-    if number < 1:
-        raise ConfigError(
-            f"{option} must be a whole number of at least 1, not {value!r} (e.g. {example})."
-        )
-    return number
-
-
-def positive_seconds(value: Any) -> float:
-    try:
-        seconds = float(value)
-    except (TypeError, ValueError):
-        seconds = -1.0
-    if not seconds > 0:
-        raise ConfigError("--timeout must be a positive number of seconds (e.g. --timeout 120).")
-    return seconds
 
 
 @dataclass
@@ -192,39 +170,6 @@ class ClusterOptions:
         )
 
 
-def _sync_folder(sync: Any) -> str | None:
-    """The folder ``sync`` names: the working directory for True, none for False."""
-    if sync is True:
-        return os.getcwd()
-    if sync is False or sync is None:
-        return None
-    if not isinstance(sync, str | os.PathLike):
-        raise ConfigError(f"sync must be True, False or a folder's path, not {sync!r}.")
-    return os.path.abspath(os.fspath(sync))
-
-
-def check_engine_env(engine_env: Any) -> None:
-    """A ``ConfigError`` unless ``engine_env`` maps variable names to strings."""
-    if engine_env is None:
-        return
-    if not isinstance(engine_env, dict):
-        raise ConfigError(
-            f"engine_env must be a dict of variable names to strings, not "
-            f"{type(engine_env).__name__} (e.g. engine_env={{'XLA_FLAGS': '--xla_dump_to=/tmp'}})."
-        )
-    for name, value in engine_env.items():
-        if not isinstance(name, str) or not ENV_NAME.match(name):
-            raise ConfigError(
-                f"engine_env: {name!r} is not an environment variable name: use letters, digits "
-                "and underscores, not starting with a digit (e.g. XLA_FLAGS)."
-            )
-        if not isinstance(value, str):
-            raise ConfigError(
-                f"engine_env[{name!r}] is {type(value).__name__} {value!r}, and the environment "
-                f"holds strings only: pass {str(value)!r}."
-            )
-
-
 def check_local_capacity(nodes: int) -> None:
     """Refuse ``nodes`` local JAX processes that memory or the process limits cannot hold, saying
     how many would fit; what runs already counts, as the memory it holds and the tasks it runs."""
@@ -272,18 +217,6 @@ def _free_tasks() -> tuple[int, str]:
 
 def _gib(mib: int) -> str:
     return f"{mib / 1024:.1f} GiB"
-
-
-def _checked_platform(platform: str | None) -> str | None:
-    if platform is None:
-        return None
-    platform = str(platform).lower()
-    if platform not in PLATFORMS:
-        raise ConfigError(
-            f"Unknown platform {platform!r}. Choose one of: {', '.join(PLATFORMS)}, "
-            "or leave --platform out to let JAX pick."
-        )
-    return platform
 
 
 class OptionAttribute(Generic[T]):

@@ -17,7 +17,7 @@ from IPython.core.error import UsageError
 from IPython.core.magic_arguments import argument, parse_argstring
 
 from ..cluster.launchers import LAUNCHERS
-from ..cluster.options import ENV_NAME, PLATFORMS
+from ..cluster.option_table import ENV_NAME, PLATFORMS
 from ..errors import ConfigError, NoClusterError
 
 Decorator = Callable[[Any], Any]
