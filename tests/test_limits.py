@@ -57,7 +57,7 @@ def test_magic_refuses_a_start_that_cannot_fit_within_2_s() -> None:
 def test_a_start_that_fits_and_remote_launchers_are_not_refused() -> None:
     ClusterOptions.checked(nodes=2).check_fits()
     # other hosts' memory is unknown here: only a local start is checked
-    ClusterOptions(nodes=9999, launcher="ssh", hosts=["a", "b"]).check_fits()
+    ClusterOptions.checked(nodes=9999, launcher="ssh", hosts=["a", "b"]).check_fits()
     with pytest.raises(ConfigError, match="at most"):
         ClusterOptions.checked(nodes=10**6).check_fits()
 

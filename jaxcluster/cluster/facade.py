@@ -26,9 +26,10 @@ from ..errors import ConfigError, JaxClusterError, NoClusterError
 from . import attach, bringup, distributed, queries
 from .event_loop import LoopThread
 from .health import Health
-from .options import ATTACHED, PLATFORMS, ClusterOptions, OptionAttribute, positive_int
+from .option_table import declared
+from .options import ATTACHED, ClusterOptions, OptionAttribute
 
-__all__ = ["PLATFORMS", "JaxCluster"]  # PLATFORMS: read from here by the magics
+__all__ = ["JaxCluster"]
 
 
 class JaxCluster:
@@ -56,11 +57,9 @@ class JaxCluster:
         allow_version_skew: bool = False,
         sync: bool | str = True,
     ) -> None:
-        self.options = ClusterOptions.checked(
-            nodes, devices_per_node, platform, launcher, timeout, coordinator_port, engine_env,
-            profile_dir, hosts, engines_per_host, launcher_args, ip, coordinator,
-            allow_version_skew, sync,
-        )
+        # the keywords as given: the signature spells them out for type checkers and IDEs, and
+        # tests/test_options_declared_once.py checks it against the declaration
+        self.options = ClusterOptions.checked(**{k: v for k, v in locals().items() if k != "self"})
         self.synced: Synced | None = None  # the folder made importable on every process
         self.processes: list[ProcessInfo] = []
         self.cluster_id: str | None = None
@@ -176,7 +175,7 @@ class JaxCluster:
         options = cluster.options
         options.launcher = ATTACHED
         cluster.cluster_id = cluster_id
-        wanted = None if nodes is None else positive_int(nodes, "--nodes", "--nodes 4")
+        wanted = declared("nodes").checked(nodes)
         began = time.perf_counter()
         cluster._client = attach.attach_client(profile, cluster_id, url_file, options.timeout)
         try:

@@ -1,4 +1,4 @@
-"""``ClusterOptions``: what a user may ask of a cluster, checked once, with every default here.
+"""``ClusterOptions``: what a user asked of a cluster, every option checked, alone and together.
 
 A bad option is rejected before anything starts, with a message naming the fix.
 """
@@ -6,21 +6,19 @@ A bad option is rejected before anything starts, with a message naming the fix.
 from __future__ import annotations
 
 import os
-import re
 import resource
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 import psutil
 
 from ..errors import ConfigError
-from .hosts import check_hosts_options, check_local_ip, parse_hosts, split_host_port
-from .launchers import LaunchRequest, check_launcher, engine_environment, split_launcher_args
+from .hosts import check_hosts_options
+from .launchers import LaunchRequest, engine_environment
+from .option_table import checked_keywords
 
-PLATFORMS = ("cpu", "gpu", "cuda", "rocm", "tpu")
 DEFAULT_NODES = 4
 DEFAULT_CPU_DEVICES = 2
-DEFAULT_TIMEOUT = 120.0
 # What one local JAX CPU process costs, its engine and any nanny beside it, rounded up for
 # what user code first allocates (how it was measured: docs/performance.md, *Limits*).
 MIB_PER_PROCESS = 256
@@ -28,135 +26,58 @@ MIB_PER_PROCESS = 256
 MIB_PER_CLUSTER = 256
 # threads count against RLIMIT_NPROC and pid_max: XLA's pools in the engine, a few in a nanny
 TASKS_PER_PROCESS = 40
-# a POSIX environment variable name, as shells accept it (``--env NAME=VALUE``, ``engine_env``)
-ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 # the launcher of a cluster attached by ``connect``: its engines were started by someone else
 ATTACHED = "attached"
 
 T = TypeVar("T")
 
 
-def positive_int(value: Any, option: str, example: str) -> int:
-    """``value`` as a whole number of at least 1, or a ``ConfigError`` naming ``option``."""
-    if isinstance(value, int) and not isinstance(value, bool):
-        number = value
-    elif isinstance(value, str) and value.strip().isdigit():
-        number = int(value)
-    else:
-        number = 0
-    if number < 1:
-        raise ConfigError(
-            f"{option} must be a whole number of at least 1, not {value!r} (e.g. {example})."
-        )
-    return number
-
-
-def positive_seconds(value: Any) -> float:
-    try:
-        seconds = float(value)
-    except (TypeError, ValueError):
-        seconds = -1.0
-    if not seconds > 0:
-        raise ConfigError("--timeout must be a positive number of seconds (e.g. --timeout 120).")
-    return seconds
-
-
 @dataclass
 class ClusterOptions:
-    """The settings of one cluster, as ``JaxCluster`` takes them; build with ``checked``."""
+    """The settings of one cluster, checked; build with ``checked``, whose defaults and checks of
+    one value are those ``option_table`` declares."""
 
-    nodes: int = DEFAULT_NODES
-    devices_per_node: int | None = None
-    platform: str | None = None
-    launcher: str = "local"
-    timeout: float = DEFAULT_TIMEOUT
-    coordinator_port: int | None = None
-    engine_env: dict[str, str] = field(default_factory=dict)
-    profile_dir: str | None = None
-    hosts: list[str] = field(default_factory=list)
-    engines_per_host: int | None = None
-    launcher_args: list[str] = field(default_factory=list)
-    ip: str | None = None
+    nodes: int
+    devices_per_node: int | None
+    platform: str | None
+    launcher: str
+    timeout: float
+    coordinator_port: int | None
+    engine_env: dict[str, str]
+    profile_dir: str | None
+    hosts: list[str]
+    engines_per_host: int | None
+    launcher_args: list[str]
+    ip: str | None
     # --coordinator HOST:PORT: where jax.distributed meets, instead of process 0's own address
-    coordinator: str | None = None
+    coordinator: str | None
     # --allow-version-skew: start although a host's software differs from the notebook's
-    allow_version_skew: bool = False
+    allow_version_skew: bool
     # the folder made importable on every process (--sync DIR; default the working directory);
     # None: none (--no-sync)
-    sync: str | None = None
+    sync: str | None
 
     @classmethod
-    def checked(
-        cls,
-        nodes: Any = None,
-        devices_per_node: Any = None,
-        platform: str | None = None,
-        launcher: str = "local",
-        timeout: Any = DEFAULT_TIMEOUT,
-        coordinator_port: Any = None,
-        engine_env: dict[str, str] | None = None,
-        profile_dir: str | None = None,
-        hosts: list[str] | str | None = None,
-        engines_per_host: Any = None,
-        launcher_args: list[str] | str | None = None,
-        ip: str | None = None,
-        coordinator: str | None = None,
-        allow_version_skew: bool = False,
-        sync: bool | str = True,
-    ) -> ClusterOptions:
-        """The options, or a ``ConfigError`` for the first one that cannot work."""
-        host_list = parse_hosts(hosts)
-        if engines_per_host is not None:
-            engines_per_host = positive_int(
-                engines_per_host, "--engines-per-host", "--engines-per-host 2"
+    def checked(cls, **given: Any) -> ClusterOptions:
+        """The options from ``JaxCluster``'s keywords, each left out at its default, or a
+        ``ConfigError`` for the first one that cannot work: alone, then with the others."""
+        values = checked_keywords("start", given)
+        hosts: list[str] = values["hosts"] or []
+        engines_per_host: int | None = values["engines_per_host"]
+        nodes = values["nodes"] or len(hosts) * (engines_per_host or 0) or DEFAULT_NODES
+        if values["devices_per_node"] is not None and values["platform"] == "tpu":
+            raise ConfigError(
+                "--devices-per-node does not apply to TPUs: each process uses the chips "
+                "of its host. Drop --devices-per-node."
             )
-        if nodes is None:
-            by_hosts = len(host_list) * (engines_per_host or 0)
-            nodes = by_hosts or DEFAULT_NODES
-        checked_nodes = positive_int(nodes, "--nodes", "--nodes 4")
-        platform = _checked_platform(platform)
-        if devices_per_node is not None:
-            devices_per_node = positive_int(
-                devices_per_node, "--devices-per-node", "--devices-per-node 2"
-            )
-            if platform == "tpu":
-                raise ConfigError(
-                    "--devices-per-node does not apply to TPUs: each process uses the chips "
-                    "of its host. Drop --devices-per-node."
-                )
-        check_launcher(launcher)
-        check_hosts_options(launcher, checked_nodes, host_list, engines_per_host)
-        seconds = positive_seconds(timeout)
-        if coordinator_port is not None:
-            coordinator_port = positive_int(
-                coordinator_port, "--coordinator-port", "--coordinator-port 12355"
-            )
-            if coordinator_port > 65535:
-                raise ConfigError("--coordinator-port must be between 1 and 65535.")
-        if coordinator is not None:
-            if coordinator_port is not None:
-                raise ConfigError("Give --coordinator HOST:PORT or --coordinator-port P, not both.")
-            split_host_port(coordinator, "--coordinator")
-        if ip is not None:
-            check_local_ip(ip)
-        check_engine_env(engine_env)
-        return cls(
-            nodes=checked_nodes,
-            devices_per_node=devices_per_node,
-            platform=platform,
-            launcher=launcher,
-            timeout=seconds,
-            coordinator_port=coordinator_port,
-            engine_env=dict(engine_env or {}),
-            profile_dir=profile_dir,
-            hosts=host_list,
-            engines_per_host=engines_per_host,
-            launcher_args=split_launcher_args(launcher_args),
-            ip=ip,
-            coordinator=coordinator,
-            allow_version_skew=bool(allow_version_skew),
-            sync=_sync_folder(sync),
-        )
+        check_hosts_options(values["launcher"], nodes, hosts, engines_per_host)
+        if values["coordinator"] is not None and values["coordinator_port"] is not None:
+            raise ConfigError("Give --coordinator HOST:PORT or --coordinator-port P, not both.")
+        return cls(**{
+            **values, "nodes": nodes, "hosts": hosts,
+            "engine_env": dict(values["engine_env"] or {}),
+            "launcher_args": values["launcher_args"] or [],
+        })
 
     @property
     def attached(self) -> bool:
@@ -188,39 +109,6 @@ class ClusterOptions:
             timeout=self.timeout,
             scratch_dir=work_dir,
         )
-
-
-def _sync_folder(sync: Any) -> str | None:
-    """The folder ``sync`` names: the working directory for True, none for False."""
-    if sync is True:
-        return os.getcwd()
-    if sync is False or sync is None:
-        return None
-    if not isinstance(sync, str | os.PathLike):
-        raise ConfigError(f"sync must be True, False or a folder's path, not {sync!r}.")
-    return os.path.abspath(os.fspath(sync))
-
-
-def check_engine_env(engine_env: Any) -> None:
-    """A ``ConfigError`` unless ``engine_env`` maps variable names to strings."""
-    if engine_env is None:
-        return
-    if not isinstance(engine_env, dict):
-        raise ConfigError(
-            f"engine_env must be a dict of variable names to strings, not "
-            f"{type(engine_env).__name__} (e.g. engine_env={{'XLA_FLAGS': '--xla_dump_to=/tmp'}})."
-        )
-    for name, value in engine_env.items():
-        if not isinstance(name, str) or not ENV_NAME.match(name):
-            raise ConfigError(
-                f"engine_env: {name!r} is not an environment variable name: use letters, digits "
-                "and underscores, not starting with a digit (e.g. XLA_FLAGS)."
-            )
-        if not isinstance(value, str):
-            raise ConfigError(
-                f"engine_env[{name!r}] is {type(value).__name__} {value!r}, and the environment "
-                f"holds strings only: pass {str(value)!r}."
-            )
 
 
 def check_local_capacity(nodes: int) -> None:
@@ -270,18 +158,6 @@ def _free_tasks() -> tuple[int, str]:
 
 def _gib(mib: int) -> str:
     return f"{mib / 1024:.1f} GiB"
-
-
-def _checked_platform(platform: str | None) -> str | None:
-    if platform is None:
-        return None
-    platform = str(platform).lower()
-    if platform not in PLATFORMS:
-        raise ConfigError(
-            f"Unknown platform {platform!r}. Choose one of: {', '.join(PLATFORMS)}, "
-            "or leave --platform out to let JAX pick."
-        )
-    return platform
 
 
 class OptionAttribute(Generic[T]):

@@ -25,13 +25,12 @@ from .display import LiveOutput, StartProgress, show, show_layout
 from .magics_args import (
     check_options_apply,
     cluster_arguments,
+    cluster_keywords,
     name_argument,
     parse,
     process_option,
     processes_option,
     seconds,
-    sync_choice,
-    unquote,
     usage_errors,
 )
 from .magics_data import ClusterMagicsBase, in_range, process_spec
@@ -107,25 +106,11 @@ class JaxClusterMagics(ClusterMagicsBase):
                 "A cluster is already running. Stop it first (%jax_cluster stop) or restart it "
                 "(%jax_cluster restart)."
             )
-        cluster = JaxCluster(
-            nodes=args.nodes if args.nodes is not None else self.nodes,
-            devices_per_node=(
-                args.devices_per_node if args.devices_per_node is not None
-                else self.devices_per_node
-            ),
-            platform=args.platform,
-            launcher=args.launcher or "local",
-            timeout=args.timeout,
-            coordinator_port=args.coordinator_port,
-            hosts=args.hosts,
-            engines_per_host=args.engines_per_host,
-            launcher_args=unquote(args.launcher_args),
-            ip=args.ip,
-            coordinator=args.coordinator,
-            engine_env=dict(args.env or []),  # a name given twice: the last wins, as in a shell
-            allow_version_skew=bool(args.allow_version_skew),
-            sync=sync_choice(args),
-        )
+        keywords = cluster_keywords(args, "start")
+        # the settings are the defaults of --nodes and --devices-per-node
+        keywords.setdefault("nodes", self.nodes)
+        keywords.setdefault("devices_per_node", self.devices_per_node)
+        cluster = JaxCluster(**keywords)
         self._run_with_progress("starting", cluster.start)
         self.cluster = cluster
 
@@ -137,16 +122,7 @@ class JaxClusterMagics(ClusterMagicsBase):
 
         def connect(progress: Any) -> JaxCluster:
             self.cluster = JaxCluster.connect(
-                profile=args.profile,
-                cluster_id=args.cluster_id,
-                url_file=args.url_file,
-                nodes=args.nodes,
-                timeout=args.timeout,
-                coordinator_port=args.coordinator_port,
-                coordinator=args.coordinator,
-                progress=progress,
-                allow_version_skew=bool(args.allow_version_skew),
-                sync=sync_choice(args),
+                progress=progress, **cluster_keywords(args, "connect")
             )
             return self.cluster
 

@@ -1,5 +1,5 @@
-"""The magics' arguments: typed values, options shared by several magics declared once, and which
-``%jax_cluster`` action takes which option.
+"""The magics' arguments: typed values, options shared by several magics declared once, and
+``%jax_cluster``'s options as the library declares them (``cluster.option_table``).
 
 Parsing validates: a bad number or choice is IPython's one-line ``UsageError`` naming the option
 and an example, before anything runs.
@@ -16,8 +16,17 @@ from typing import Any
 from IPython.core.error import UsageError
 from IPython.core.magic_arguments import argument, parse_argstring
 
-from ..cluster.launchers import LAUNCHERS
-from ..cluster.options import ENV_NAME, PLATFORMS
+from ..cluster.option_table import (
+    ENV_NAME,
+    OPTIONS,
+    Assignments,
+    Choice,
+    Option,
+    Seconds,
+    Switch,
+    Text,
+    Whole,
+)
 from ..errors import ConfigError, NoClusterError
 
 Decorator = Callable[[Any], Any]
@@ -168,100 +177,6 @@ def name_argument(help: str) -> Decorator:
     return argument("name", help=help)
 
 
-# %jax_cluster: every option with the actions that take it; defaults are None, so that an option
-# given to an action that ignores it can be told from one left out.
-CLUSTER_OPTIONS: list[tuple[tuple[str, ...], tuple[str, ...], dict[str, Any]]] = [
-    (("--nodes", "-n"), ("start", "connect"), dict(
-        type=whole("--nodes", 4), metavar="N",
-        help="number of JAX processes (engines), not hosts; with --launcher slurm, Slurm tasks. "
-        "Default 4, or --hosts × --engines-per-host (setting: JaxClusterMagics.nodes); "
-        "connect: wait for this many engines (default: those registered).",
-    )),
-    (("--devices-per-node",), ("start",), dict(
-        type=whole("--devices-per-node", 2), metavar="K",
-        help="devices per process: CPU devices on the CPU platform (default 2), GPUs on gpu, "
-        "cuda or rocm (default: one each where processes share a host, else all; setting: "
-        "JaxClusterMagics.devices_per_node).",
-    )),
-    (("--platform",), ("start",), dict(
-        type=str.lower, choices=PLATFORMS,
-        help="JAX platform for every process. Default: JAX's choice.",
-    )),
-    (("--timeout",), ("start", "connect"), dict(
-        type=seconds("--timeout", 120), metavar="S",
-        help="bound on the whole start (launch, engines registering, jax.distributed), in "
-        "seconds. Default 120 (setting: JaxClusterMagics.start_timeout).",
-    )),
-    (("--coordinator-port",), ("start", "connect"), dict(
-        type=whole("--coordinator-port", 12355, most=65535), metavar="P",
-        help="port of the jax.distributed coordinator on process 0. Default: a free port.",
-    )),
-    (("--launcher",), ("start",), dict(
-        choices=LAUNCHERS, help="how engines are started. Default local.",
-    )),
-    (("--hosts",), ("start",), dict(
-        metavar="H1,H2", help="ssh: comma-separated host names, e.g. h1,h2.",
-    )),
-    (("--engines-per-host",), ("start",), dict(
-        type=whole("--engines-per-host", 2), metavar="K",
-        help="ssh: JAX processes per host (e.g. one per GPU). Default: --nodes spread over "
-        "--hosts.",
-    )),
-    (("--launcher-args",), ("start",), dict(
-        metavar="ARGS",
-        help="extra options passed through to the launcher (ssh, mpiexec, sbatch), quoted: "
-        "--launcher-args \"-i ~/.ssh/key -o Port=2222\".",
-    )),
-    (("--ip",), ("start",), dict(
-        metavar="ADDRESS",
-        help="address the controller listens on. Default: loopback for local engines, else the "
-        "interface that reaches the hosts.",
-    )),
-    (("--coordinator",), ("start", "connect"), dict(
-        metavar="HOST:PORT",
-        help="HOST:PORT of the jax.distributed coordinator. Default: process 0's address that "
-        "the other processes can reach, with a free port.",
-    )),
-    (("--env",), ("start",), dict(
-        action="append", type=env_assignment, metavar="NAME=VALUE",
-        help="an environment variable for every engine, set before JAX starts there "
-        "(XLA_FLAGS, NCCL_*, XLA_PYTHON_CLIENT_PREALLOCATE, ...); repeat for more. Quote a "
-        'value with spaces whole: --env "XLA_FLAGS=--a --b". Kept by restart.',
-    )),
-    (("--allow-version-skew",), ("start", "connect"), dict(
-        action="store_true",
-        help="start although a host's Python, JAX, jaxlib, accelerator plugins or jaxcluster "
-        "differ from the notebook's (by default the start stops, naming the host).",
-    )),
-    (("--sync",), ("start", "connect"), dict(
-        metavar="DIR",
-        help="the folder made importable on every process and their working directory: hosts "
-        "that do not see it get a copy of its Python files, and edits before each cell. "
-        "Default: the notebook's working directory.",
-    )),
-    (("--no-sync",), ("start", "connect"), dict(
-        action="store_true",
-        help="make no folder importable on the processes (they keep their own working "
-        "directory).",
-    )),
-    (("--profile",), ("connect",), dict(
-        metavar="P", help="connect: the ipyparallel profile to attach to.",
-    )),
-    (("--cluster-id",), ("connect",), dict(
-        metavar="ID",
-        help="connect: the ipyparallel cluster id to attach to.",
-    )),
-    (("--url-file",), ("connect",), dict(
-        metavar="F",
-        help="connect: path of the controller's client JSON file.",
-    )),
-    (("--clear",), ("setup",), dict(
-        action="store_true",
-        help="setup: forget the setup cells (they are no longer replayed after a restart).",
-    )),
-]
-
-
 def cluster_arguments() -> Decorator:
     action = argument(
         "action", choices=ACTIONS,
@@ -270,27 +185,69 @@ def cluster_arguments() -> Decorator:
         "then the setup cells replayed; connect: attach to a controller and engines started "
         "elsewhere; setup: list the setup cells (%%%%spmd --setup).",
     )
-    options = [argument(*flags, default=None, **kw) for flags, _, kw in CLUSTER_OPTIONS]
-    return stack(action, *options)
+    return stack(action, *(option_argument(o) for o in OPTIONS if o.flags))
 
 
-def sync_choice(args: Any) -> bool | str:
-    """What ``--sync DIR`` and ``--no-sync`` ask for: a folder, none (False), or the default."""
-    if args.sync is not None and args.no_sync:
-        raise UsageError("--sync DIR and --no-sync contradict each other: give one of them.")
-    if args.no_sync:
-        return False
-    return args.sync if args.sync is not None else True
+def option_argument(option: Option) -> Decorator:
+    """The ``@argument`` of a declared option. Its default is None, so that an option given to
+    an action that ignores it can be told from one left out."""
+    takes, flag = option.takes, option.flags[0]
+    # argparse formats help with %: a literal one is doubled
+    spec: dict[str, Any] = dict(default=None, help=option.help.replace("%", "%%"))
+    if option.metavar:
+        spec["metavar"] = option.metavar
+    if isinstance(takes, Whole):
+        spec["type"] = whole(flag, takes.example, takes.most)
+    elif isinstance(takes, Seconds):
+        spec["type"] = seconds(flag, takes.example)
+    elif isinstance(takes, Choice):
+        spec["choices"] = takes.choices
+        if takes.fold_case:
+            spec["type"] = str.lower
+    elif isinstance(takes, Switch):
+        spec["action"] = "store_true"
+    elif isinstance(takes, Assignments):
+        spec.update(action="append", type=env_assignment)
+    return argument(*option.flags, **spec)
 
 
 def check_options_apply(args: Any) -> None:
     """A ``UsageError`` for an option the chosen action would silently ignore."""
-    for flags, actions, _ in CLUSTER_OPTIONS:
-        dest = flags[0].lstrip("-").replace("-", "_")
-        if getattr(args, dest) is None or args.action in actions:
+    for option in OPTIONS:
+        if not option.flags or getattr(args, option.dest) is None or args.action in option.actions:
             continue
+        flag, actions = option.flags[0], option.actions
         takers = " and ".join(f"%jax_cluster {a}" for a in actions)
         raise UsageError(
-            f"{flags[0]} does not apply to %jax_cluster {args.action}: only {takers} "
-            f"take{'s' if len(actions) == 1 else ''} it. Drop {flags[0]}."
+            f"{flag} does not apply to %jax_cluster {args.action}: only {takers} "
+            f"take{'s' if len(actions) == 1 else ''} it. Drop {flag}."
         )
+
+
+def cluster_keywords(args: Any, action: str) -> dict[str, Any]:
+    """The keywords of ``action``'s call for the options given: left out, the call's default."""
+    keywords: dict[str, Any] = {}
+    given_by: dict[str, Option] = {}
+    for option in OPTIONS:
+        value = getattr(args, option.dest, None) if option.flags else None
+        if value is None or option.keyword is None or action not in option.actions:
+            continue
+        if option.keyword in given_by:  # --sync DIR and --no-sync
+            raise UsageError(
+                f"{given_by[option.keyword].usage} and {option.usage} contradict each other: "
+                "give one of them."
+            )
+        given_by[option.keyword] = option
+        keywords[option.keyword] = keyword_value(option, value)
+    return keywords
+
+
+def keyword_value(option: Option, value: Any) -> Any:
+    """What the keyword takes for the flag's parsed ``value``."""
+    if isinstance(option.takes, Switch):
+        return option.takes.sets
+    if isinstance(option.takes, Assignments):
+        return dict(value)  # a name given twice: the last wins, as in a shell
+    if isinstance(option.takes, Text):
+        return unquote(value)
+    return value
