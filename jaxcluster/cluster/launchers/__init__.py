@@ -16,10 +16,10 @@ from dataclasses import dataclass, field
 
 from traitlets.config import Config
 
-from ..engine.process import reachable_address
-from ..errors import ConfigError
-from .host_sessions import ForkPlan
-from .hosts import engines_by_host, route_address, ssh_options
+from ...engine.process import reachable_address
+from ...errors import ConfigError
+from ..host_sessions import ForkPlan
+from ..hosts import engines_by_host, route_address, ssh_options
 
 LAUNCHERS = ("local", "ssh", "mpi", "slurm")
 GPU_PLATFORMS = ("gpu", "cuda", "rocm")
