@@ -14,8 +14,16 @@ from typing import Any, Generic, TypeVar
 import psutil
 
 from ..errors import ConfigError
-from .hosts import check_hosts_options, check_local_ip, parse_hosts, split_host_port
-from .launchers import LaunchRequest, check_launcher, engine_environment, split_launcher_args
+from .hosts import check_local_ip, parse_hosts, split_host_port
+from .launchers import (
+    ATTACHED,
+    LaunchRequest,
+    check_hosts_options,
+    check_launcher,
+    engine_environment,
+    launcher_named,
+    split_launcher_args,
+)
 
 PLATFORMS = ("cpu", "gpu", "cuda", "rocm", "tpu")
 DEFAULT_NODES = 4
@@ -30,8 +38,6 @@ MIB_PER_CLUSTER = 256
 TASKS_PER_PROCESS = 40
 # a POSIX environment variable name, as shells accept it (``--env NAME=VALUE``, ``engine_env``)
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
-# the launcher of a cluster attached by ``connect``: its engines were started by someone else
-ATTACHED = "attached"
 
 T = TypeVar("T")
 
@@ -164,7 +170,7 @@ class ClusterOptions:
 
     def check_fits(self) -> None:
         """A ``ConfigError`` when this machine cannot hold ``nodes`` local JAX processes."""
-        if self.launcher == "local":  # other hosts' memory and limits are unknown here
+        if launcher_named(self.launcher).engines_share_host:  # others' limits are unknown here
             check_local_capacity(self.nodes)
 
     def environment(self) -> dict[str, str]:
