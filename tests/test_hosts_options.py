@@ -12,19 +12,15 @@ from IPython.testing.globalipapp import start_ipython
 
 from jaxcluster import ConfigError, JaxCluster
 from jaxcluster.cluster.host_sessions import ForkPlan
-from jaxcluster.cluster.hosts import (
-    HOST_ARG,
-    engines_by_host,
-    parse_hosts,
-    ssh_failure,
-    ssh_options,
-)
+from jaxcluster.cluster.hosts import HOST_ARG, engines_by_host, parse_hosts
 from jaxcluster.cluster.launchers import (
     FORKED_ENGINE_SET,
     LaunchRequest,
     gpu_device_ids,
     plan_launch,
 )
+from jaxcluster.cluster.launchers.local import LocalReach
+from jaxcluster.cluster.launchers.ssh import SshReach, ssh_failure, ssh_options
 from jaxcluster.cluster.watchdog import cluster_pids
 
 
@@ -97,7 +93,9 @@ def test_ssh_plan():
                                    "--IPEngine.enable_nanny=False",
                                    "--IPEngine.max_heartbeat_misses=0"]
     assert fork.environment == {"JAX_PLATFORMS": "cpu"}
-    assert fork.ssh_command[:3] == ["ssh", "-i", "key"] and "BatchMode=yes" in fork.ssh_command
+    assert isinstance(fork.reach, SshReach)
+    ssh = fork.reach.ssh_command
+    assert ssh[:3] == ["ssh", "-i", "key"] and "BatchMode=yes" in ssh
     ip = plan_launch(LaunchRequest(launcher="ssh", nodes=1, environment={}, hosts=["h"],
                                    ip="127.0.0.1"))
     assert ip.controller_ip == "127.0.0.1"
@@ -105,7 +103,7 @@ def test_ssh_plan():
 
 def test_each_host_is_one_ssh_session_whose_command_holds_no_secret():
     fork = ForkPlan({"h1": 2, "me@h2:2222": 1}, ["python", "-m", "jaxcluster.engine", "--x"],
-                    ["ssh", "-i", "k"], {"IPP_CONNECTION_INFO": "secret"})
+                    SshReach(["ssh", "-i", "k"]), {"IPP_CONNECTION_INFO": "secret"})
     command = fork.command("me@h2:2222")
     assert command[:6] == ["ssh", "-i", "k", "-p", "2222", "me@h2"]
     # the remote shell execs the forking process: nothing stays between it and ssh; the key
@@ -114,7 +112,8 @@ def test_each_host_is_one_ssh_session_whose_command_holds_no_secret():
         "exec", "python", "-m", "jaxcluster.engine", "--x", "--jaxcluster-fork",
         f"{HOST_ARG}me@h2:2222"]
     assert len(command) == 7
-    assert fork.command("") == ["python", "-m", "jaxcluster.engine", "--x", "--jaxcluster-fork"]
+    here = ForkPlan({"": 2}, ["python", "-m", "jaxcluster.engine", "--x"], LocalReach())
+    assert here.command("") == ["python", "-m", "jaxcluster.engine", "--x", "--jaxcluster-fork"]
 
 
 def test_launcher_args_reach_the_cluster_unquoted_through_the_magic(monkeypatch):

@@ -117,7 +117,8 @@ def parser_disagreements(options: Iterable[Option], parser: argparse.ArgumentPar
                 "repeated": isinstance(action, argparse._AppendAction)}
         wanted = {"flags": option.flags, "default": None, "help": option.help,
                   "metavar": option.metavar,
-                  "choices": option.takes.choices if isinstance(option.takes, Choice) else None,
+                  "choices": (tuple(option.takes.choices) if isinstance(option.takes, Choice)
+                              else None),
                   "switch": switch, "repeated": isinstance(option.takes, Assignments)}
         problems += [f"{flag}: {key} {seen[key]!r}, declared {wanted[key]!r}"
                      for key in wanted if seen[key] != wanted[key]]

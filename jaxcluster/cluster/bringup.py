@@ -29,7 +29,7 @@ from . import engine_sets, watchdog
 from .event_loop import LoopThread
 from .host_sessions import HostSessions
 from .hosts import engines_by_host
-from .launchers import plan_launch
+from .launchers import Launcher, launcher_named
 from .options import ClusterOptions
 
 # beyond the cluster's timeout, for ipyparallel's own steps when stopping
@@ -72,6 +72,7 @@ class Launched:
     """An ``ipyparallel.Cluster`` we start, and what we keep about it."""
 
     ipp_cluster: ipp.Cluster
+    launcher: Launcher
     controller_ip: str
     # the lines to each host's forking process, where engines are forked per host
     # (forked_engines.py): opened with the controller, kept across restarts
@@ -82,7 +83,8 @@ class Launched:
 
 def plan(options: ClusterOptions, work_dir: str) -> Launched:
     """The cluster as planned (nothing runs yet); raises what cannot work."""
-    launch = plan_launch(options.launch_request(work_dir))
+    launcher = launcher_named(options.launcher)
+    launch = launcher.plan(options.launch_request(work_dir))
     cluster = ipp.Cluster(
         n=options.nodes,
         engines=launch.engine_launcher,
@@ -98,7 +100,7 @@ def plan(options: ClusterOptions, work_dir: str) -> Launched:
     if launch.fork is not None:
         sessions = HostSessions(launch.fork, {"IPP_CLUSTER_ID": cluster.cluster_id,
                                               "IPP_PROFILE_DIR": cluster.profile_dir})
-    return Launched(cluster, launch.controller_ip, sessions)
+    return Launched(cluster, launcher, launch.controller_ip, sessions)
 
 
 def deadline_for(options: ClusterOptions) -> float:
@@ -134,7 +136,8 @@ def start_controller(
     cluster), the line to each host, whose forking process imports JAX meanwhile, the
     controller, and a client of it."""
     cluster = launched.ipp_cluster
-    launched.watchdog = watchdog.start(cluster.cluster_file, cluster.cluster_id)
+    launched.watchdog = watchdog.start(cluster.cluster_file, cluster.cluster_id,
+                                       launched.launcher.name)
     if launched.sessions is not None:
         launched.sessions.progress = progress  # "hosts reached" comes meanwhile
         launched.sessions.open()
@@ -187,7 +190,8 @@ def start_engines(
 def stop_engines(launched: Launched, options: ClusterOptions, loop: LoopThread) -> None:
     """End the engines (the controller stays)."""
     cluster = launched.ipp_cluster
-    engine_sets.kill_engines(cluster, lambda c: loop.run(c, options.timeout, "signal the engines"))
+    launched.launcher.kill_engines(
+        cluster, lambda c: loop.run(c, options.timeout, "signal the engines"))
     loop.run(cluster.stop_engines(), options.timeout + MARGIN_SECONDS, "stop the engines")
 
 
@@ -198,18 +202,18 @@ def shut_down(launched: Launched, options: ClusterOptions, loop: LoopThread) -> 
     if launched.client is not None:
         launched.client.close()
     try:
-        engine_sets.kill_engines(
+        launched.launcher.kill_engines(
             cluster, lambda c: loop.run(c, options.timeout, "signal the engines")
         )
         loop.run(cluster.stop_cluster(), options.timeout + MARGIN_SECONDS, "stop the cluster")
     except JaxClusterError:
         with contextlib.suppress(OSError):
             cluster.update_cluster_file()
-        watchdog.kill_cluster(cluster.cluster_file)
+        watchdog.kill_cluster(cluster.cluster_file, launched.launcher.kill_leftovers)
     finally:
         if launched.sessions is not None:  # each host's forking process ends with its line
             launched.sessions.close()
-        if options.launcher == "local":  # engines launched after the last cluster file update
+        if launched.launcher.engines_share_host:  # engines launched after the last file update
             watchdog.kill_local(cluster.cluster_id)
         watchdog.stop(launched.watchdog)
         launched.watchdog = None
@@ -290,12 +294,13 @@ def _raise_exited(launched: Launched, options: ClusterOptions) -> None:
     if not exited:
         return  # ipyparallel noticed the end and records it in a moment; the loop asks again
     hosts = sorted({engine_sets.launch_host(data) for data, _ in exited} - {""})
-    refusal = engine_sets.open_mpi_refusal(cluster)  # the cause and its fix lead, when known
+    refusal = launched.launcher.ended_note(cluster)  # the cause and its fix lead, when known
     raise JaxClusterError(
         (f"{refusal}\n" if refusal else "")
         + f"{len(exited)} engine(s) exited before registering with the controller"
         f"{' on ' + ', '.join(hosts) if hosts else ''}.{reach_hint(launched, options)} "
-        "Their output:\n" + "\n".join(engine_sets.exited_engine_output(cluster))
+        "Their output:\n" + "\n".join(engine_sets.exited_engine_output(
+            cluster, launched.launcher.output_reasons))
     )
 
 
@@ -307,7 +312,7 @@ def _raise_short(
     raise JaxClusterError(
         f"Only {len(new)} of {options.nodes} engines registered within {options.timeout:g} s"
         f"{' (missing on ' + ', '.join(short) + ')' if short else ''}. "
-        + engine_sets.slurm_jobs_note(launched.ipp_cluster)
+        + launched.launcher.waiting_note(launched.ipp_cluster)
         + f"Raise --timeout if the hosts are slow to start.{reach_hint(launched, options)}"
     )
 

@@ -21,7 +21,7 @@ from ..errors import JaxClusterError, engine_error_message
 from . import topology, versions
 from .gather import MARGIN_SECONDS, gather
 from .hosts import split_host_port
-from .launchers import gpu_device_ids
+from .launchers import gpu_device_ids, launcher_named
 from .options import DEFAULT_CPU_DEVICES, ClusterOptions
 
 
@@ -83,6 +83,7 @@ def initialize(
     gpus = gpu_assignment(engine_ids, identities, options)
     here = _engine.machine(_engine.host_facts())
     timeout = left().timeout
+    launcher = launcher_named(options.launcher)
     pending = {
         eid: client[eid].apply_async(
             _engine.initialize,
@@ -90,8 +91,7 @@ def initialize(
             len(engine_ids),
             index,
             timeout,
-            # local: everything on loopback, gloo too (it would take the host name's address)
-            "127.0.0.1" if options.launcher == "local" else identities[eid]["address"],
+            launcher.address(identities[eid]),
             # --coordinator, or the scheduler's, may name an address that is not process 0's
             # own (NAT, a Kubernetes service)
             options.coordinator is None and given is None,
@@ -203,7 +203,7 @@ def coordinator_address(
         wanted = options.coordinator_port or wanted
         option = f"--coordinator-port P (it replaces the port of {topology.COORDINATOR})"
     else:
-        host = "127.0.0.1" if options.launcher == "local" else identity["address"]
+        host = launcher_named(options.launcher).address(identity)
         wanted, option = options.coordinator_port or 0, "--coordinator-port P"
     claim = client[engine_id].apply_async(_engine.claim_port, wanted)
     try:

@@ -1,24 +1,19 @@
 """What ipyparallel's engine sets know about the engines they started, and how to end them.
 
-Functions over an ``ipyparallel.Cluster``: which engines ended and how, their last output, the
-Slurm queue's word on a job, and killing every engine the way its launcher needs.
+Functions over an ``ipyparallel.Cluster``: which engines ended and how, and their last output.
+What only one launcher knows of its engine sets (a Slurm job, Open MPI's refusals, how to kill
+them) is that launcher's (``launchers/``).
 """
 
 from __future__ import annotations
 
 import concurrent.futures
 import contextlib
-import re
-import signal
-import subprocess
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
 import ipyparallel as ipp
-from ipyparallel.cluster.launcher import MPILauncher, SlurmLauncher
-
-from .watchdog import kill_slurm_step
 
 
 def exited_engines(cluster: ipp.Cluster | None) -> list[tuple[dict, str]]:
@@ -71,8 +66,11 @@ def _settle(future: concurrent.futures.Future[None], _stop_data: Any) -> None:
         future.set_result(None)
 
 
-def exited_engine_output(cluster: ipp.Cluster | None) -> list[str]:
-    """A header and the last lines of output of each ended engine, for error messages."""
+def exited_engine_output(
+    cluster: ipp.Cluster | None, reasons: Callable[[str], tuple[list[str], str]]
+) -> list[str]:
+    """A header and the last lines of output of each ended engine, for error messages, the
+    lines that ``reasons`` finds say why first (its launcher's ``output_reasons``)."""
     lines = []
     for data, output in exited_engines(cluster):
         host, code = launch_host(data), data.get("exit_code")
@@ -80,78 +78,13 @@ def exited_engine_output(cluster: ipp.Cluster | None) -> list[str]:
         where = f" on {host}" if host else ""
         ended = f" (exit code {code})" if code is not None else ""
         lines.append(f"--- {what}{where}, pid {data.get('pid')}{ended} ---")
-        reasons, rest = open_mpi_reasons(output) if what == "mpiexec" else ([], output)
-        # Open MPI's reason and fix come first: its help text is long, a tail cuts them off
-        lines.extend(reasons)
+        why, rest = reasons(output)
+        # the reason and its fix come first: a tail of a long help text would cut them off
+        lines.extend(why)
         lines.extend(rest.strip().splitlines()[-15:])
     return lines
-
-
-def open_mpi_refusal(cluster: ipp.Cluster | None) -> str:
-    """Why Open MPI refused to start the engines, with the option that fixes it, in one
-    paragraph; "" when no ended mpiexec explained itself."""
-    for data, output in exited_engines(cluster):
-        if data.get("command") == "mpiexec":
-            reasons, _ = open_mpi_reasons(output)
-            if reasons:
-                text = " ".join(r.strip().removeprefix("Open MPI: ") for r in reasons)
-                return f"Open MPI refused to start the engines: {text}"
-    return ""
-
-
-def open_mpi_reasons(output: str) -> tuple[list[str], str]:
-    """Open MPI's account of why it refused, and the output outside its help texts.
-
-    Open MPI frames each help text in rules of dashes: of each, the first paragraph (the
-    reason) and those that name an option (the fix) are kept, each on one line.
-    """
-    parts = re.split(r"^-{20,}[ \t]*$", output, flags=re.MULTILINE)
-    if len(parts) < 3:
-        return [], output
-    reasons = []
-    for block in parts[1::2]:  # between rules
-        paragraphs = [" ".join(p.split()) for p in re.split(r"\n\s*\n", block) if p.strip()]
-        if paragraphs:
-            reasons.append(f"Open MPI: {paragraphs[0]}")
-            reasons.extend(f"  {p}" for p in paragraphs[1:] if re.search(r"--[a-z-]+ option", p))
-    return reasons, "\n".join(parts[0::2])
 
 
 def launch_host(stop_data: dict) -> str:
     """The --hosts entry of an ended ssh engine (its identifier is "HOST/i"), else ""."""
     return str(stop_data.get("identifier") or "").rpartition("/")[0]
-
-
-def slurm_jobs_note(cluster: ipp.Cluster | None) -> str:
-    """``Slurm job 12 is PENDING (Resources). `` for each engine job: a queue explains a lot."""
-    notes = ""
-    for engine_set in list(cluster.engines.values()) if cluster else []:
-        if not isinstance(engine_set, SlurmLauncher) or not engine_set.job_id:
-            continue
-        try:
-            state = subprocess.run(
-                ["squeue", "--noheader", "--jobs", engine_set.job_id, "--format", "%T (%r)"],
-                capture_output=True, text=True, timeout=30,
-            ).stdout.strip()
-        except (OSError, subprocess.SubprocessError):
-            continue
-        if state:
-            notes += f"Slurm job {engine_set.job_id} is {state}. "
-    return notes
-
-
-def kill_engines(cluster: ipp.Cluster, run: Callable[[Coroutine[Any, Any, Any]], Any]) -> None:
-    """SIGKILL every engine of ``cluster`` (see launchers.STOP_SECONDS_UNTIL_KILL for why).
-
-    ``run`` runs a coroutine of ``cluster`` on the loop that drives it. Forked engines, on
-    every host, are signalled through their host's forking process, all at once.
-    """
-    for set_id, engine_set in list(cluster.engines.items()):
-        if isinstance(engine_set, MPILauncher):
-            continue  # ranks outlive a SIGKILLed mpiexec; its own stop (SIGTERM) ends them
-        if isinstance(engine_set, SlurmLauncher):
-            if engine_set.job_id:
-                kill_slurm_step(engine_set.job_id)
-            continue
-        with contextlib.suppress(Exception):  # already gone is fine
-            run(cluster.signal_engines(signal.SIGKILL, set_id))

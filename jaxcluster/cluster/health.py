@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import ipyparallel as ipp
@@ -19,6 +19,7 @@ import psutil
 
 from ..contracts import ProcessInfo, ProcessStatus
 from . import engine_sets
+from .launchers import Launcher, launcher_named
 
 # seconds ipyparallel gets to reap an engine that died, so that we can say how it ended
 REAP_SECONDS = 3.0
@@ -33,6 +34,10 @@ class Health:
     client: ipp.Client
     processes: list[ProcessInfo]
     ipp_cluster: ipp.Cluster | None = None  # None when attached: nobody here launched them
+    _launcher: Launcher = field(init=False)
+
+    def __post_init__(self) -> None:
+        self._launcher = launcher_named(self.launcher)
 
     def status(self) -> list[ProcessStatus]:
         """One row per JAX process: where it runs and whether it is idle, busy or dead."""
@@ -62,7 +67,7 @@ class Health:
 
     def dead_processes(self) -> dict[int, str]:
         """Process index -> how it died, for processes whose engine is gone."""
-        local = self.launcher == "local"
+        local = self._launcher.engines_share_host
         exit_codes = engine_sets.exit_codes(self.ipp_cluster)
         alive_ids = None if local else set(self.client.ids)
         gone = [p for p in self.processes
@@ -85,12 +90,12 @@ class Health:
         return dead
 
     def _key(self, proc: ProcessInfo) -> tuple[str, int]:
-        """How a launcher's record names an engine: by the --hosts entry for ssh."""
-        return (proc.host if self.launcher == "ssh" else "", proc.pid)
+        """How the launcher's record names an engine."""
+        return self._launcher.record_key(proc)
 
     def _pid_alive(self, proc: ProcessInfo) -> bool:
         """Whether a local engine's process still runs; elsewhere the heartbeat decides."""
-        return self.launcher != "local" or _running(proc.pid)
+        return not self._launcher.engines_share_host or _running(proc.pid)
 
 
 def _running(pid: int) -> bool:

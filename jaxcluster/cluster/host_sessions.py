@@ -1,5 +1,6 @@
 """The line to each host's forking process (``engine/forking.py``): one child of this process
-per host, the process itself on this machine, an ssh client elsewhere.
+per host, the process itself on this machine, elsewhere what the launcher reaches the host
+with (an ssh client: ``launchers/ssh.py``).
 
 The lines are opened with the cluster, before its controller, so that every host imports JAX
 while the controller starts, and kept across restarts, so that a restart forks fresh engines
@@ -14,23 +15,37 @@ import concurrent.futures
 import contextlib
 import json
 import os
-import shlex
 import subprocess
 import tempfile
 import threading
 from dataclasses import dataclass, field
-from typing import IO, Any
+from typing import IO, Any, Protocol
 
 from ..contracts import Progress
 from ..engine.bootstrap import FORK_ARG
 from ..errors import JaxClusterError
 from ..render.labels import awaited
-from .hosts import HOST_ARG, ssh_destination, ssh_failure
 
 CLOSE_SECONDS = 10  # for a forking process to end once its line is closed
 
 # (exit code or None, its output): how an engine ended
 Ended = tuple[int | None, str]
+
+
+class HostReach(Protocol):
+    """How a launcher reaches a host's forking process, and what a line's early end means."""
+
+    # where a host has not answered yet, as a start that ran out of time names it
+    unreached: str
+
+    def command(self, host: str, forking: list[str]) -> list[str]:
+        """The command, run here, that runs ``forking`` on ``host``."""
+        ...
+
+    def failure(self, host: str, code: int, output: str, reached: bool) -> str:
+        """Why the line to ``host`` ended (exit status ``code``, its stderr ``output``) before
+        its engines were forked, with the fix, in one paragraph."""
+        ...
 
 
 @dataclass
@@ -39,28 +54,22 @@ class ForkPlan:
 
     hosts: dict[str, int]
     engine_command: list[str]  # python -m jaxcluster.engine [engine options]
-    ssh_command: list[str] = field(default_factory=lambda: ["ssh"])  # with its options
+    reach: HostReach
     environment: dict[str, str] = field(default_factory=dict)  # the engines' (engine_env, JAX)
 
     def command(self, host: str) -> list[str]:
-        forking = [*self.engine_command, FORK_ARG]
-        if not host:
-            return forking
-        user, name, port = ssh_destination(host)
-        # the same Python at the same path on every host; "exec": no shell stays between; the
-        # host learns the name it was started under, by which processes are ordered and named
-        remote = "exec " + shlex.join([*forking, f"{HOST_ARG}{host}"])
-        return [*self.ssh_command, *(["-p", port] if port else []),
-                f"{user}@{name}" if user else name, remote]
+        return self.reach.command(host, [*self.engine_command, FORK_ARG])
 
 
 class HostSession:
     """One host's line. Its reader thread settles futures, so that any thread or event loop
     can wait on a fork, an engine's end or the line's end."""
 
-    def __init__(self, host: str, command: list[str], on_reached: Any = None) -> None:
+    def __init__(self, host: str, command: list[str], reach: HostReach,
+                 on_reached: Any = None) -> None:
         self.host = host
         self.command = command
+        self._reach = reach
         self.reached = False
         self._served = False
         self.ended: concurrent.futures.Future[int] = concurrent.futures.Future()
@@ -69,14 +78,14 @@ class HostSession:
         self._errors_lock = threading.Lock()
         self._fork: concurrent.futures.Future[list[int]] | None = None
         self._exits: dict[int, concurrent.futures.Future[Ended]] = {}
-        # what it and ssh write to stderr; unlinked, read when something failed
+        # what it (and ssh) write to stderr; unlinked, read when something failed
         self._errors: IO[bytes] = tempfile.TemporaryFile(  # noqa: SIM115 - kept open
             prefix="jaxcluster-session-")
         self._process: subprocess.Popen[bytes] | None = None
 
     @property
     def pid(self) -> int:
-        """This machine's pid of the line: the forking process here, the ssh client else."""
+        """This machine's pid of the line: the forking process here, what reaches it else."""
         return self._process.pid if self._process else -1
 
     @property
@@ -139,7 +148,7 @@ class HostSession:
             self._process.kill()
 
     def errors(self) -> str:
-        """The last lines the forking process (and ssh) wrote to stderr."""
+        """The last lines the forking process (and what reaches it) wrote to stderr."""
         with self._errors_lock:
             self._errors.seek(0)
             lines = self._errors.read().decode("utf-8", "replace").strip().splitlines()
@@ -180,15 +189,7 @@ class HostSession:
 
     def _failure(self, code: int) -> str:
         """Why this line ended before its engines were forked, in one paragraph."""
-        said = self.errors()
-        if self.host:
-            return (f"Could not start the engines on {self.host} over ssh: "
-                    f"{ssh_failure(code, said, self.reached)}")
-        return ("Could not start the engines: the process that imports JAX and forks the "
-                f"engines exited (exit code {code}) "
-                "before it forked them: the engines' Python environment (engine_env, "
-                f"PYTHONPATH) cannot import what an engine needs. Its output names what "
-                f"failed:\n{said}")
+        return self._reach.failure(self.host, code, self.errors(), self.reached)
 
 
 class HostSessions:
@@ -246,14 +247,15 @@ class HostSessions:
 
     def late(self, seconds: float) -> str:
         """The hosts that did not fork their engines in time, and where each stands."""
-        behind = [f"{h} ({'importing JAX' if s.reached else 'not reached over ssh'})"
+        behind = [f"{h} ({'importing JAX' if s.reached else self.plan.reach.unreached})"
                   for h, s in self.sessions.items() if not s.forked]
         return (f"Could not start the engines: {', '.join(behind)} did not fork them within "
                 f"{seconds:g} s. The hosts may be overloaded: raise --timeout.")
 
     def _open(self, host: str) -> HostSession:
         session = self.sessions[host] = HostSession(
-            host, self.plan.command(host), lambda: self.report(0, self._engines))
+            host, self.plan.command(host), self.plan.reach,
+            lambda: self.report(0, self._engines))
         session.start(self._cluster_environment,
                       {**self.plan.environment, **self._cluster_environment})
         return session

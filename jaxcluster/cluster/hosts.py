@@ -1,24 +1,17 @@
-"""Where engines run: ``--hosts`` and its checks, addresses and ports, and ssh's part.
+"""Where engines run: ``--hosts`` and how engines spread over them, addresses and ports.
 
-Host options are checked before anything starts; a host that ssh cannot reach, or that lacks
-the environment, is named with the cause by the line to it (``host_sessions.py``), within
-ssh's own connect timeout, not a hang.
+Each launcher checks the host options it takes before anything starts (``launchers/``).
 """
 
 from __future__ import annotations
 
 import ipaddress
 import socket
-import sys
 
-from ..engine.process import interface_address
-from ..errors import ConfigError, JaxClusterError
+from ..errors import ConfigError
 
 # ``python -m jaxcluster.engine --jaxcluster-host=NAME``: the --hosts entry an engine runs on
 HOST_ARG = "--jaxcluster-host="
-
-# ssh options that scp spells differently (scp -p keeps times, scp -l limits bandwidth)
-_SSH_ONLY_OPTIONS = {"-p": "-o Port=2222", "-l": "-o User=NAME"}
 
 
 def parse_hosts(hosts: list[str] | str | None) -> list[str]:
@@ -60,22 +53,6 @@ def engines_by_host(nodes: int, hosts: list[str], engines_per_host: int | None) 
     return {host: share + (i < extra) for i, host in enumerate(hosts)}
 
 
-def check_hosts_options(
-    launcher: str, nodes: int, hosts: list[str], engines_per_host: int | None
-) -> None:
-    """Reject host options that cannot work, before anything starts."""
-    if launcher == "ssh" and not hosts:
-        raise ConfigError(
-            "--launcher ssh needs the hosts to start engines on: --hosts h1,h2[,...]."
-        )
-    if launcher == "local" and (hosts or engines_per_host is not None):
-        raise ConfigError(
-            "--hosts and --engines-per-host start engines on other hosts: add --launcher ssh."
-        )
-    if hosts:
-        engines_by_host(nodes, hosts, engines_per_host)
-
-
 def split_host_port(address: str, option: str) -> tuple[str, int]:
     """``"host:port"`` or ``"[v6]:port"`` -> ``(host, port)``."""
     host, sep, port = address.rpartition(":")
@@ -99,59 +76,3 @@ def check_local_ip(ip: str) -> None:
             f"--ip takes an address of this machine for the controller to listen on (e.g. "
             f"--ip 10.0.0.5), not {ip!r}."
         ) from None
-
-
-def ssh_destination(host: str) -> tuple[str, str, str]:
-    """``user@host:port`` (ipyparallel's form of an ssh destination; user and port optional)
-    -> ``(user, host, port)``, with "" for what is not given."""
-    user, _, rest = host.rpartition("@")
-    name, _, port = rest.partition(":")
-    return user, name, port
-
-
-def route_address(host: str) -> str:
-    """This machine's address on the interface that reaches ``host`` (a --hosts entry)."""
-    name = ssh_destination(host)[1]
-    try:
-        return interface_address(name, 22)
-    except OSError as e:
-        raise JaxClusterError(
-            f"Cannot find a way to host {name}: {e}. Check the name in --hosts, or name the "
-            "address the controller listens on with --ip."
-        ) from None
-
-
-def ssh_options(launcher_args: list[str], timeout: float) -> list[str]:
-    """ssh's options: the user's first (ssh keeps the first value of an option), then ours.
-
-    BatchMode: a password or host key prompt would wait forever inside a notebook cell.
-    """
-    for arg in launcher_args:
-        if arg in _SSH_ONLY_OPTIONS:
-            raise ConfigError(
-                f"--launcher-args {arg} means something else to scp, which ipyparallel also "
-                f"runs: write {_SSH_ONLY_OPTIONS[arg]} instead (or user@host:port in --hosts)."
-            )
-    connect = max(1, int(min(timeout, 30)))
-    return [*launcher_args, "-o", "BatchMode=yes", "-o", f"ConnectTimeout={connect}"]
-
-
-def ssh_failure(code: int, output: str, reached: bool) -> str:
-    """Why a host's forking process, started over ssh, ended before it forked the engines
-    (``code``: ssh's exit status; ``output``: its stderr and the process's), and the fix."""
-    last = (output.strip().splitlines() or [f"exit status {code}"])[-1]
-    fix = (" Each host needs ssh without a password prompt (a key; --launcher-args \"-i KEY\") "
-           f"and this Python, with jaxcluster, at the same path: {sys.executable}.")
-    if code == 255 and not output.strip():  # ssh says why it failed; this was the process
-        return ("the process that imports JAX and forks the engines there ended before it "
-                "forked them, without a word (ssh's exit status 255: it was killed, or the "
-                "connection was lost). Start again; if it recurs, look at that host's load "
-                "and logs.")
-    if code == 255 and not reached:
-        return f"ssh failed: {last}.{fix}"
-    if "No module named jaxcluster" in output:
-        return f"jaxcluster is not installed for {sys.executable} there.{fix}"
-    if code == 127:
-        return f"{sys.executable} does not run there ({last}).{fix}"
-    return (f"the process that imports JAX and forks the engines there exited (exit code "
-            f"{code}) before it forked them. Its output names what failed:\n{output}")

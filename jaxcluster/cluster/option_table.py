@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -127,7 +127,7 @@ class Seconds:
 class Choice:
     """One of ``choices``; with ``fold_case``, in any case."""
 
-    choices: tuple[str, ...]
+    choices: Sequence[str]  # read when used: the launchers registry may grow
     fold_case: bool = False
 
 

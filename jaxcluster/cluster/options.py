@@ -13,8 +13,13 @@ from typing import Any, Generic, TypeVar
 import psutil
 
 from ..errors import ConfigError
-from .hosts import check_hosts_options
-from .launchers import LaunchRequest, engine_environment
+from .launchers import (
+    ATTACHED,
+    LaunchRequest,
+    check_hosts_options,
+    engine_environment,
+    launcher_named,
+)
 from .option_table import checked_keywords
 
 DEFAULT_NODES = 4
@@ -26,8 +31,6 @@ MIB_PER_PROCESS = 256
 MIB_PER_CLUSTER = 256
 # threads count against RLIMIT_NPROC and pid_max: XLA's pools in the engine, a few in a nanny
 TASKS_PER_PROCESS = 40
-# the launcher of a cluster attached by ``connect``: its engines were started by someone else
-ATTACHED = "attached"
 
 T = TypeVar("T")
 
@@ -85,7 +88,7 @@ class ClusterOptions:
 
     def check_fits(self) -> None:
         """A ``ConfigError`` when this machine cannot hold ``nodes`` local JAX processes."""
-        if self.launcher == "local":  # other hosts' memory and limits are unknown here
+        if launcher_named(self.launcher).engines_share_host:  # others' limits are unknown here
             check_local_capacity(self.nodes)
 
     def environment(self) -> dict[str, str]:

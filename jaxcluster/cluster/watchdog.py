@@ -6,11 +6,11 @@ outlives its parent for exactly that case: it polls the parent and, when the par
 kills every pid that ipyparallel's cluster file lists (controller and engines) and their children,
 and every local process whose environment names the cluster (``IPP_CLUSTER_ID``: engines launched
 before the cluster file listed them, e.g. when the parent died mid-launch). Engines on other
-hosts end with the ssh session their host's forking process is reached through, and Slurm
-jobs are cancelled.
+hosts end with the ssh session their host's forking process is reached through; the rest, a
+Slurm job say, is the cluster's launcher's to end (``Launcher.kill_leftovers``).
 
 Run as ``python -m jaxcluster.cluster.watchdog PARENT_PID PARENT_CREATE_TIME CLUSTER_FILE
-CLUSTER_ID``.
+CLUSTER_ID LAUNCHER``.
 """
 
 from __future__ import annotations
@@ -21,8 +21,12 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
+from typing import Any
 
 import psutil
+
+from ..errors import ConfigError
 
 POLL_SECONDS = 0.5
 # scans for processes of the cluster, until one finds none (a nanny may fork as we kill)
@@ -67,34 +71,6 @@ def cluster_pids(info: dict) -> list[int]:
             if (engine.get("pid") or 0) > 0:
                 pids.append(engine["pid"])
     return pids
-
-
-def cluster_slurm_jobs(info: dict) -> list[str]:
-    """The job ids of the engine sets that ipyparallel's Slurm launcher submitted."""
-    engines = info.get("engines") or {}
-    if engines.get("class") != "slurm":
-        return []
-    return [s["job_id"] for s in (engines.get("sets") or {}).values() if s.get("job_id")]
-
-
-def cancel_slurm_jobs(job_ids: list[str]) -> None:
-    for job_id in job_ids:
-        kill_slurm_step(job_id)
-        _quietly(["scancel", job_id])
-
-
-def kill_slurm_step(job_id: str) -> None:
-    """SIGKILL the engines' step of a job (its first srun, step 0).
-
-    Signalled with KILL, or cancelled, the job itself only gets SIGTERM to its tasks, which
-    JAX's preemption notifier catches; Slurm sends SIGKILL after its KillWait (30 s by default).
-    """
-    _quietly(["scancel", "-s", "KILL", f"{job_id}.0"])
-
-
-def _quietly(command: list[str]) -> None:
-    with contextlib.suppress(OSError, subprocess.SubprocessError):
-        subprocess.run(command, capture_output=True, timeout=30)
 
 
 def kill_tree(pids: list[int]) -> None:
@@ -153,11 +129,16 @@ def kill_local(cluster_id: str) -> None:
         kill_tree(pids)
 
 
-def kill_cluster(cluster_file: str, cluster_id: str | None = None) -> None:
-    """Kill everything ``cluster_file`` lists, wherever it runs, and this machine's processes
-    of ``cluster_id``; remove the file."""
+def kill_cluster(
+    cluster_file: str,
+    kill_leftovers: Callable[[dict[str, Any]], None],
+    cluster_id: str | None = None,
+) -> None:
+    """Kill everything ``cluster_file`` lists, wherever it runs (``kill_leftovers``: what its
+    launcher ends that is no process of this machine), and this machine's processes of
+    ``cluster_id``; remove the file."""
     info = read_cluster_file(cluster_file)
-    cancel_slurm_jobs(cluster_slurm_jobs(info))
+    kill_leftovers(info)
     kill_tree(cluster_pids(info))
     if cluster_id:
         kill_local(cluster_id)
@@ -165,13 +146,14 @@ def kill_cluster(cluster_file: str, cluster_id: str | None = None) -> None:
         os.remove(cluster_file)
 
 
-def start(cluster_file: str, cluster_id: str) -> subprocess.Popen:
-    """A watchdog for the cluster ``cluster_id`` (its file need not exist yet), watching this
-    process; start it before any process of the cluster."""
+def start(cluster_file: str, cluster_id: str, launcher: str) -> subprocess.Popen:
+    """A watchdog for the cluster ``cluster_id`` (its file need not exist yet) that the
+    launcher named ``launcher`` starts, watching this process; start it before any process of
+    the cluster."""
     me = psutil.Process()
     return subprocess.Popen(
         [sys.executable, "-m", "jaxcluster.cluster.watchdog", str(me.pid), repr(me.create_time()),
-         cluster_file, cluster_id],
+         cluster_file, cluster_id, launcher],
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -189,10 +171,26 @@ def stop(watchdog: subprocess.Popen | None) -> None:
 def main(argv: list[str]) -> int:
     parent_pid, create_time, cluster_file = int(argv[0]), float(argv[1]), argv[2]
     cluster_id = argv[3] if len(argv) > 3 else None
+    launcher = argv[4] if len(argv) > 4 else None
     while parent_alive(parent_pid, create_time):
         time.sleep(POLL_SECONDS)
-    kill_cluster(cluster_file, cluster_id)
+    kill_cluster(cluster_file, _leftovers_of(launcher), cluster_id)
     return 0
+
+
+def _leftovers_of(launcher: str | None) -> Callable[[dict[str, Any]], None]:
+    """What the launcher named ``launcher`` ends beyond this machine's processes. Imported only
+    once the parent is gone: until then the watchdog stays small."""
+    from .launchers import launcher_named
+
+    try:
+        return launcher_named(launcher).kill_leftovers if launcher else _nothing
+    except ConfigError:  # a launcher this process cannot load: this machine's part still counts
+        return _nothing
+
+
+def _nothing(cluster_info: dict[str, Any]) -> None:
+    """No launcher's part to end."""
 
 
 if __name__ == "__main__":
