@@ -77,8 +77,8 @@ def test_an_option_the_action_ignores_is_a_usage_error(ip, line, takers):
     [
         ("spmd", "--hang-after 0", r"^--hang-after takes a positive number of seconds, not '0'"),
         ("spmd", "--timeout -5", r"^--timeout takes a positive number of seconds, not '-5'"),
-        ("jax_devices", "--process x", r"^--process takes processes as 0, 0,2, 1-3 or all"),
-        ("spmd", "-p 0;1", r"^--process takes processes as 0, 0,2, 1-3 or all, not '0;1'"),
+        ("jax_devices", "--process x", r"^-p/--process takes processes as 0, 0,2, 1-3 or all"),
+        ("spmd", "-p 0;1", r"^-p/--process takes processes as 0, 0,2, 1-3 or all, not '0;1'"),
         ("jax_sharding", "x -p 1-2", "--process takes one process index"),
         ("spmd_pull", "x --process all", "use --all for every process, not 'all'"),
     ],

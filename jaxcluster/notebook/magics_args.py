@@ -146,7 +146,7 @@ def parse(magic: Callable[..., Any], line: str) -> Any:
     try:
         return parse_argstring(magic, line)
     except UsageError as e:
-        message = re.sub(r"^argument [^:]+: (?=--)", "", str(e))
+        message = re.sub(r"^argument [^:]+: (?=-)", "", str(e))
         raise UsageError(message) from None
 
 
@@ -170,7 +170,7 @@ def process_option(help: str, default: Any = None, **kwargs: Any) -> Decorator:
 
 def processes_option(help: str) -> Decorator:
     """``-p/--process SPEC``: the processes a magic shows, the same SPEC wherever several can be."""
-    return process_option(help, default="all", type=processes("--process"), metavar="SPEC")
+    return process_option(help, default="all", type=processes("-p/--process"), metavar="SPEC")
 
 
 def name_argument(help: str) -> Decorator:
