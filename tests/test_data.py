@@ -286,9 +286,9 @@ def test_a_push_on_this_host_goes_through_the_inboxes_not_ipyparallel(ready):
 def test_a_process_whose_inbox_is_gone_gets_the_push_through_ipyparallel(ready):
     """Process 1's inbox cannot be reached (its socket file moved away): it is sent the same
     call through ipyparallel, and still maps the file."""
-    path = ready.inboxes.path(1)
+    path = ready.calls.inboxes.path(1)
     os.rename(path, path + ".moved")
-    ready.inboxes.close()  # what the notebook had connected stays connected otherwise
+    ready.calls.inboxes.close()  # what the notebook had connected stays connected otherwise
     try:
         sent_before = len(ready.client.history)
         transfer = ready.push("around_inbox", np.arange(4))

@@ -121,7 +121,7 @@ def test_processes_run_on_other_machines(kernel, hosts):
     assert cell.text.strip() == "\n".join(
         f"[process {i}]\n{i} {host}" for i, host in enumerate([h1, h1, h2, h2]))
     # no process of the cluster's is this machine's: none has an inbox here
-    assert value(kc, "[_magics().cluster.inboxes.path(i) for i in range(4)]") == [None] * 4
+    assert value(kc, "[_magics().cluster.calls.inboxes.path(i) for i in range(4)]") == [None] * 4
 
 
 def test_a_skipped_collective_is_diagnosed_with_stacks_and_recovered(kernel):
