@@ -147,7 +147,7 @@ def test_an_interrupt_and_a_stack_reach_busy_engines_over_the_back_channel(clust
     began = time.monotonic()
     # process 1's stack, read while it sleeps, then the cell interrupted on every process
     found: dict[int, evidence.Where] = {}
-    threading.Timer(1.0, lambda: found.update(evidence.where(cluster.backchannel, [1]))).start()
+    threading.Timer(1.0, lambda: found.update(evidence.where(cluster.calls, [1]))).start()
     result = cluster.run("import time\ntime.sleep(30)", timeout=2.5)
     assert time.monotonic() - began < 15
     assert result.failure == "timeout" and result.interrupted == [0, 1, 2, 3]
@@ -175,7 +175,7 @@ def test_a_cell_interrupted_before_it_reached_its_process_never_runs(cluster):
     deadline = time.monotonic() + 10
     while not all(busy.data) and time.monotonic() < deadline:  # each engine said it sleeps
         time.sleep(0.02)
-    cell = requests.submit(cluster, "ran_late = True", None, Relay(4))
+    cell = requests.submit(cluster, "ran_late = True", None, Relay(range(4)), [0, 1, 2, 3])
     try:
         cell.interrupt([0, 1, 2, 3])
         assert cell.wait(30)
@@ -183,8 +183,8 @@ def test_a_cell_interrupted_before_it_reached_its_process_never_runs(cluster):
     finally:
         cell.close()
     busy.get(30)  # not ours to interrupt: it ran to its end
-    assert [r["status"] for r in records] == ["error"] * 4
-    assert {remote_error(r["error"])["ename"] for r in records} == {"KeyboardInterrupt"}
+    assert [r["status"] for r in records.values()] == ["error"] * 4
+    assert {remote_error(r["error"])["ename"] for r in records.values()} == {"KeyboardInterrupt"}
     result = cluster.run("print('ran_late' in globals())")
     assert [p.stdout.strip() for p in result.processes] == ["False"] * 4
 

@@ -283,29 +283,29 @@ def test_a_push_on_this_host_goes_through_the_inboxes_not_ipyparallel(ready):
     assert on_engines(ready, "through_inboxes.tolist()") == ["[0, 1, 2, 3, 4]"] * 4
 
 
-def test_a_process_whose_inbox_is_gone_gets_the_push_through_ipyparallel(ready):
+def test_a_process_whose_inbox_is_gone_gets_the_push_through_its_back_channel(ready):
     """Process 1's inbox cannot be reached (its socket file moved away): it is sent the same
-    call through ipyparallel, and still maps the file."""
-    path = ready.inboxes.path(1)
+    call through its back channel (``cells.process_calls``), and still maps the file."""
+    path = ready.calls.inboxes.path(1)
     os.rename(path, path + ".moved")
-    ready.inboxes.close()  # what the notebook had connected stays connected otherwise
+    ready.calls.inboxes.close()  # what the notebook had connected stays connected otherwise
     try:
         sent_before = len(ready.client.history)
         transfer = ready.push("around_inbox", np.arange(4))
-        assert len(ready.client.history) == sent_before + 1  # the assign, on process 1
+        assert len(ready.client.history) == sent_before  # no ipyparallel request
         assert transfer.shared_memory == {0, 1, 2, 3}
         assert on_engines(ready, "around_inbox.tolist()") == ["[0, 1, 2, 3]"] * 4
     finally:
         os.rename(path + ".moved", path)
 
 
-def test_a_value_of_thousands_of_arrays_is_announced_through_ipyparallel(ready):
-    """Too many buffers to name in one inbox message: the same call goes through ipyparallel,
-    and the processes still map the file."""
+def test_a_value_of_thousands_of_arrays_is_announced_through_the_back_channel(ready):
+    """Too many buffers to name in one inbox message: the same call goes through the back
+    channel, and the processes still map the file."""
     leaves = [np.full(3, i) for i in range(6000)]
     sent_before = len(ready.client.history)
     transfer = ready.push("leaves", leaves)
-    assert len(ready.client.history) == sent_before + 4  # the assign, on each process
+    assert len(ready.client.history) == sent_before  # no ipyparallel request
     assert transfer.shared_memory == {0, 1, 2, 3}
     assert on_engines(ready, "len(leaves), leaves[5999].tolist()") == [
         "(6000, [5999, 5999, 5999])"] * 4

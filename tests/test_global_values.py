@@ -60,7 +60,7 @@ def test_a_missing_part_is_said_not_guessed():
 
 def test_processes_that_cannot_be_asked_leave_jaxs_text_and_the_reason():
     result = SPMDResult([ProcessOutput(0)])
-    result.live = Relay(1)
+    result.live = Relay([0])
     token = f"{TOKEN_PREFIX}abc.1.1 repr|Array(shape=(8,), dtype=float32)\u27eb"
     result.live.receive(0, "stream", {"name": "stdout", "text": f"x = {token}\n"})
     resolution = resolve(None, result)
@@ -72,6 +72,6 @@ def test_processes_that_cannot_be_asked_leave_jaxs_text_and_the_reason():
 
 def test_a_cell_without_global_arrays_costs_nothing():
     result = SPMDResult([ProcessOutput(0)])
-    result.live = Relay(1)
+    result.live = Relay([0])
     result.live.receive(0, "stream", {"name": "stdout", "text": "Array([1.], dtype=float32)\n"})
     assert resolve(None, result) is None

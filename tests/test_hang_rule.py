@@ -8,6 +8,7 @@ import time
 import pytest
 from IPython.utils.capture import capture_output
 
+from jaxcluster.cells.recovery import SetupCell
 from jaxcluster.errors import SPMDError
 from jaxcluster.render.cell import failure_lines
 from tests.conftest import failing_spmd, magics_shell, run_spmd, shell_cluster
@@ -182,13 +183,13 @@ def test_setup_cells_are_listed_replayed_and_cleared(ip, cluster):
     spmd(ip, "extra = 7", "--setup")  # run again: kept once
     with pytest.raises(SPMDError):
         spmd(ip, "1 / 0", "--setup")  # failed: not kept
-    assert cluster.setup_cells == [SETUP, "extra = 7"]
+    assert cluster.setup_cells == [SetupCell(SETUP), SetupCell("extra = 7")]
     with capture_output() as restarted:
         ip.run_line_magic("jax_cluster", "restart")
     assert "Replayed 2 setup cells in" in restarted.stdout
     assert spmd(ip, "print(extra, x.shape)").strip() == "[processes 0-3]\n7 (16,)"
     # a failing replay is reported with its error, not hidden
-    cluster.setup_cells.append("raise RuntimeError('no dataset here')")
+    cluster.setup_cells.append(SetupCell("raise RuntimeError('no dataset here')"))
     tb, error = _restart_error(ip)
     assert "Replaying 3 setup cells failed at cell 3" in str(error)
     assert "RuntimeError" in tb and "no dataset here" in tb
@@ -196,7 +197,7 @@ def test_setup_cells_are_listed_replayed_and_cleared(ip, cluster):
     with capture_output() as cleared:
         ip.run_line_magic("jax_cluster", "setup --clear")
     assert "forgotten" in cleared.stdout and cluster.setup_cells == []
-    cluster.setup_cells.append(SETUP)  # for any test after this one
+    cluster.setup_cells.append(SetupCell(SETUP))  # for any test after this one
 
 
 def _restart_error(ip):

@@ -13,18 +13,34 @@ import uuid
 
 import pytest
 
-from jaxcluster.cells.inboxes import Inboxes
-from jaxcluster.engine import data, inbox
+from jaxcluster.cells.process_calls import BACK_CHANNEL, INBOX, IPYPARALLEL, ProcessCalls
+from jaxcluster.engine import calls, data, inbox
+
+
+def answer(request: bytes) -> dict:
+    """What an inbox answers a request: the registry's main-thread calls, nothing else."""
+    return calls.answer(request, calls.MAIN, "the inbox")
 
 
 def test_an_inbox_answers_only_the_calls_it_serves():
-    assert inbox.answer(json.dumps({"call": "release", "args": ["no-such-token"]}).encode()) == {
+    assert answer(json.dumps({"call": "release", "args": ["no-such-token"]}).encode()) == {
         "value": None
     }
-    assert inbox.answer(json.dumps({"call": "system", "args": ["true"]}).encode()) == {
+    assert answer(json.dumps({"call": "system", "args": ["true"]}).encode()) == {
         "error": "KeyError: \"the inbox serves no call 'system'\""
     }
-    assert inbox.answer(b"\x80not json")["error"].startswith("UnicodeDecodeError")
+    assert answer(json.dumps({"call": "where", "args": []}).encode()) == {
+        "error": "KeyError: \"the inbox serves no call 'where'\""  # the control thread's
+    }
+    assert answer(b"\x80not json")["error"].startswith("UnicodeDecodeError")
+
+
+def test_the_back_channel_answers_its_calls_in_the_same_envelope():
+    assert set(calls.answer({"call": "where", "args": []}, calls.CONTROL, "the back channel")
+               ) == {"value"}
+    assert calls.answer({"call": "system", "args": ["true"]}, calls.CONTROL,
+                        "the back channel") == {
+        "error": "KeyError: \"the back channel serves no call 'system'\""}
 
 
 class Engine:
@@ -68,18 +84,22 @@ def test_answers_errors_silence_and_hang_ups_by_process(paths):
         Engine(paths[1][0], lambda call: {"error": "ZeroDivisionError: division by zero"}, 11),
         Engine(paths[2][0], lambda call: "close", 12),
     ]
-    inboxes = Inboxes(paths)
+    processes = ProcessCalls(inboxes=paths)
     try:
-        assert inboxes.takers(range(4), data.release, "token") == [0, 1, 2]  # 3: nobody listens
-        assert inboxes.takers(range(4), data.stage_value, "token", 1) == []  # not served
+        # 3: nobody listens there, so the back channel
+        assert [processes.route(p, data.release, "token") for p in range(4)] == [
+            INBOX, INBOX, INBOX, BACK_CHANNEL]
+        assert processes.route(0, data.stage_value, "token", 1) == IPYPARALLEL  # not registered
+        assert processes.route(0, calls.where) == BACK_CHANNEL  # the control thread's
         many_spans = [(i * 64, 64) for i in range(10_000)]
-        assert inboxes.takers(range(4), data.assign_file, "t", "x", "/f", (0, 1), many_spans) == []
-        replies, errors = inboxes.call([0, 1, 2], data.release, "token", timeout=5)
+        assert processes.route(0, data.assign_file, "t", "x", "/f", (0, 1), many_spans) == (
+            BACK_CHANNEL)  # too large for one inbox message
+        replies, errors = processes.call([0, 1, 2], data.release, "token", timeout=5)
         assert replies == {0: ["token"]}
         assert errors == {1: "ZeroDivisionError: division by zero",
                           2: "its engine closed the connection (did it die?)"}
     finally:
-        inboxes.close()
+        processes.close()
         for engine in engines:
             engine.close()
 
@@ -88,29 +108,29 @@ def test_an_inbox_whose_engine_greets_with_another_id_is_never_used(paths):
     """A path leads to whatever listens there: only the engine that greets with the id this
     process has is asked (another cluster's engine, or another host's with the same pid)."""
     engine = Engine(paths[0][0], lambda call: {"value": "from the wrong engine"}, engine_id=99)
-    inboxes = Inboxes({0: paths[0]})
+    processes = ProcessCalls(inboxes={0: paths[0]})
     try:
-        assert inboxes.takers([0], data.release, "token") == []
-        replies, errors = inboxes.call([0], data.release, "token", timeout=5)
+        assert processes.route(0, data.release, "token") == BACK_CHANNEL
+        replies, errors = processes.call([0], data.release, "token", timeout=5)
         assert replies == {}
-        assert errors == {0: "its engine's inbox refused the request (its inbox is gone)"}
+        assert errors[0].startswith("its engine cannot be reached")  # no client in this test
     finally:
-        inboxes.close()
+        processes.close()
         engine.close()
 
 
 def test_a_process_that_does_not_answer_fails_at_the_bound_and_is_dropped(paths):
     engine = Engine(paths[0][0], lambda call: None, 10)
-    inboxes = Inboxes({0: paths[0]})
+    processes = ProcessCalls(inboxes={0: paths[0]})
     try:
         began = time.monotonic()
-        replies, errors = inboxes.call([0], data.release, "token", timeout=0.3)
+        replies, errors = processes.call([0], data.release, "token", timeout=0.3)
         assert 0.3 <= time.monotonic() - began < 3
         assert (replies, errors) == ({}, {0: "no answer within 0.3 s"})
         # the late answer is never read as another call's: the connection is gone
-        assert inboxes._connections == {}
+        assert processes.inboxes._connections == {}
     finally:
-        inboxes.close()
+        processes.close()
         engine.close()
 
 

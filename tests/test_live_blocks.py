@@ -63,7 +63,7 @@ def test_update_display_replaces_the_display_with_that_id():
 
 
 def test_the_relay_folds_only_output_messages():
-    relay = Relay(2)
+    relay = Relay(range(2))
     relay.receive(1, "stream", {"name": "stderr", "text": "w\n"})
     relay.receive(1, "comm_msg", {"data": {}})
     assert relay.drain() and relay.version == 1

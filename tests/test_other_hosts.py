@@ -121,7 +121,20 @@ def test_processes_run_on_other_machines(kernel, hosts):
     assert cell.text.strip() == "\n".join(
         f"[process {i}]\n{i} {host}" for i, host in enumerate([h1, h1, h2, h2]))
     # no process of the cluster's is this machine's: none has an inbox here
-    assert value(kc, "[_magics().cluster.inboxes.path(i) for i in range(4)]") == [None] * 4
+    assert value(kc, "[_magics().cluster.calls.inboxes.path(i) for i in range(4)]") == [None] * 4
+
+
+def test_a_cell_on_a_subset_of_the_hosts_processes_runs_there_alone(kernel, hosts):
+    """``--targets``: process 1 on one host and process 2 on the other run the cell, through
+    their back channels; the others never see it (issue 42)."""
+    _, kc = kernel
+    h1, h2 = hosts.networks[0].namespaces
+    cell = run(kc, "%%spmd --targets 1,2\nsubset = socket.gethostname()\n"
+                   "print(jax.process_index(), subset)")
+    assert cell.text.strip() == f"[process 1]\n1 {h1}\n[process 2]\n2 {h2}"
+    everywhere = run(kc, "%%spmd\nprint('subset' in globals())")
+    assert everywhere.text.strip() == "[processes 0,3]\nFalse\n[processes 1-2]\nTrue"
+    assert value(kc, "_magics().cluster.call(lambda: subset, targets='1-2')") == [h1, h2]
 
 
 def test_a_skipped_collective_is_diagnosed_with_stacks_and_recovered(kernel):

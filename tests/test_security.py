@@ -122,7 +122,7 @@ def test_local_engines_inboxes_are_unix_sockets_only_their_owner_reaches(cluster
             c.laddr for c in psutil.Process(proc.pid).net_connections(kind="unix")
             if c.laddr and c.status in ("LISTEN", psutil.CONN_NONE)
         }
-        path = cluster.inboxes.path(proc.process_index)
+        path = cluster.calls.inboxes.path(proc.process_index)
         assert path in listening, listening
         assert {p for p in listening if not p.startswith("@")} == {path}  # "@": abstract
         assert stat.S_ISSOCK(os.stat(path).st_mode)

@@ -266,10 +266,11 @@ def test_a_cell_never_runs_on_another_process_whose_inbox_a_path_leads_to(ip, cl
     """Process 1's inbox path leads to process 2's engine (as when two hosts' engines share a
     folder and a pid): that engine greets with its own id, so process 1 is sent the cell
     through its back channel, and every process runs its own cell, once."""
-    paths = {p.process_index: cluster.inboxes.path(p.process_index) for p in cluster.processes}
+    paths = {p.process_index: cluster.calls.inboxes.path(p.process_index)
+             for p in cluster.processes}
     os.rename(paths[1], paths[1] + ".moved")
     os.symlink(paths[2], paths[1])
-    cluster.inboxes.close()
+    cluster.calls.inboxes.close()
     try:
         sent_before = len(cluster.client.history)
         text, _ = spmd(ip, "import os\nprint(jax.process_index(), os.getpid())")
@@ -279,7 +280,7 @@ def test_a_cell_never_runs_on_another_process_whose_inbox_a_path_leads_to(ip, cl
     finally:
         os.remove(paths[1])
         os.rename(paths[1] + ".moved", paths[1])
-        cluster.inboxes.close()
+        cluster.calls.inboxes.close()
 
 
 def test_a_cell_that_awaits_at_top_level_runs_on_every_process(ip):

@@ -18,9 +18,9 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..engine.stdin import REQUEST
+from ..engine import stdin
 from ..render.labels import label, process_label
-from .backchannel import BackChannel
+from .process_calls import ProcessCalls
 
 Ask = Callable[[int, str, bool], str]  # (process, prompt, secret) -> the answer
 NO_STDIN = "StdinNotImplementedError"
@@ -45,7 +45,7 @@ class Reads:
 
     def receive(self, index: int, kind: str, content: dict) -> bool:
         """Called on the client's IO thread with each iopub message: True for a read."""
-        if kind != REQUEST:
+        if kind != stdin.REQUEST:
             return False
         with self._lock:
             self._pending.append(Read(index, str(content.get("id")), str(content.get("prompt")),
@@ -57,7 +57,7 @@ class Reads:
         with self._lock:
             return {read.process: read.prompt for read in self._pending}
 
-    def answer(self, channel: BackChannel, ask: Ask | None = None) -> None:
+    def answer(self, channel: ProcessCalls, ask: Ask | None = None) -> None:
         """Ask the front end for every read that came, in process order, each answered as
         soon as it is given. A ``KeyboardInterrupt`` (the stop button) goes to the caller."""
         while True:
@@ -74,7 +74,7 @@ class Reads:
                     f"The notebook could not ask for this input: {type(e).__name__}: {e}")
             with self._lock:
                 self._pending.remove(read)
-            channel.tell([read.process], "answer", read.request_id, value, error)
+            channel.tell([read.process], stdin.answer, read.request_id, value, error)
             if failed is not None:
                 raise failed  # the process was told: it does not wait on
 

@@ -11,7 +11,6 @@ one place that calls it.
 from __future__ import annotations
 
 import concurrent.futures
-from collections.abc import Iterable
 from typing import Any
 
 from ..engine.backchannel import REQUEST
@@ -29,7 +28,7 @@ class CallError(Exception):
 
 
 class BackChannel:
-    """Calls to one cluster's processes, by process index."""
+    """Calls to one cluster's processes, by process index (``process_calls`` picks the route)."""
 
     def __init__(self, client: Any = None, engine_ids: dict[int, int] | None = None) -> None:
         self._client = client
@@ -53,22 +52,6 @@ class BackChannel:
                 continue
             sent.add_done_callback(lambda done, answer=answer: _settle(answer, done))
         return answers
-
-    def call(self, processes: Iterable[int], name: str, *args: Any, timeout: float) -> Replies:
-        """``name(*args)`` on each of ``processes`` at once; one that does not answer within
-        ``timeout`` fails."""
-        return self.ask({p: (name, list(args)) for p in processes}, timeout)
-
-    def ask(self, requests: dict[int, tuple[str, list[Any]]], timeout: float) -> Replies:
-        """Each process's call ``(name, args)`` at once; one that does not answer within
-        ``timeout`` fails."""
-        answers = self.start(requests)
-        concurrent.futures.wait(answers.values(), timeout)
-        return collect(answers, timeout)
-
-    def tell(self, processes: Iterable[int], name: str, *args: Any) -> None:
-        """``name(*args)`` on each of ``processes``, without waiting for the answers."""
-        self.start({p: (name, list(args)) for p in processes})
 
 
 def collect(answers: dict[int, concurrent.futures.Future], timeout: float) -> Replies:

@@ -1,5 +1,5 @@
-"""A function on every process (``JaxCluster.call``): ``fn(*args, **kwargs)`` run as a
-``%%spmd`` cell runs, with the same lockstep, hang evidence, interrupt and recovery, and its
+"""A function on every process (``JaxCluster.call``), or on some: ``fn(*args, **kwargs)`` run as
+a ``%%spmd`` cell runs, with the same lockstep, hang evidence, interrupt and recovery, and its
 values in process order.
 
 The function and its arguments cannot ride in the cell's code (the inbox and the back channel
@@ -18,13 +18,16 @@ from .handle import ClusterHandle
 NAME = "_jaxcluster_call"
 
 
-def call(cluster: ClusterHandle, run: Callable[[str], Any], fn: Callable[..., Any],
-         args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any]:
-    """``fn(*args, **kwargs)`` on every process of ``cluster`` through ``run`` (the cluster's
-    cell runner), its values in process order; a failed call raises as its cell would."""
-    view = cluster.client[[p.engine_id for p in cluster.processes]]
+def call(cluster: ClusterHandle, run: Callable[..., Any], fn: Callable[..., Any],
+         args: tuple[Any, ...], kwargs: dict[str, Any],
+         targets: list[int] | None = None) -> list[Any]:
+    """``fn(*args, **kwargs)`` on the processes ``targets`` of ``cluster`` (None: every one)
+    through ``run`` (the cluster's cell runner), its values in process order; a failed call
+    raises as its cell would."""
+    chosen = targets if targets is not None else [p.process_index for p in cluster.processes]
+    view = cluster.client[[cluster.calls.engine_ids[i] for i in chosen]]
     view.push({NAME: (fn, args, kwargs)}, block=True)
-    result = run(f"{NAME}_value = {NAME}[0](*{NAME}[1], **{NAME}[2])")
+    result = run(f"{NAME}_value = {NAME}[0](*{NAME}[1], **{NAME}[2])", targets=targets)
     try:
         result.check()
         return list(view.pull(f"{NAME}_value", block=True))

@@ -11,7 +11,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from .backchannel import BackChannel
+from ..engine import calls, dispatch
+from .process_calls import ProcessCalls
 
 WAIT = 2.0  # seconds a process gets to say where it is
 # Frames of the machinery around the user's code; they say nothing about where it is stuck.
@@ -30,19 +31,19 @@ class Where:
     asking: str = ""  # the prompt it waits on an answer to (``engine/stdin.py``)
 
 
-def where(channel: BackChannel, processes: list[int], wait: float = WAIT) -> dict[int, Where]:
+def where(channel: ProcessCalls, processes: list[int], wait: float = WAIT) -> dict[int, Where]:
     """Where each of ``processes`` is; absent: no answer within ``wait``."""
-    answers, _ = channel.call(processes, "where", timeout=wait)
+    answers, _ = channel.call(processes, calls.where, timeout=wait)
     return {p: Where(user_stack(a["stack"]), a["dispatch"], a.get("asking") or "")
             for p, a in answers.items()}
 
 
 def dispatch_counts(
-    channel: BackChannel, processes: list[int], wait: float = WAIT
+    channel: ProcessCalls, processes: list[int], wait: float = WAIT
 ) -> dict[int, dict]:
     """This cell's multi-process dispatches of each of ``processes`` (``engine.dispatch.counts``);
     absent: no answer in time, or no dispatch record kept there."""
-    answers, _ = channel.call(processes, "counts", timeout=wait)
+    answers, _ = channel.call(processes, dispatch.counts, timeout=wait)
     return {p: a for p, a in answers.items() if a.get("installed")}
 
 

@@ -164,7 +164,7 @@ def _texts(result: Any) -> Iterator[tuple[Any, str]]:
     """(holder, text) for every printout of the cell that may hold placeholders."""
     if result.live is not None:
         result.live.drain()
-        for log in result.live.logs:
+        for log in result.live.logs.values():
             for out in log.outputs:
                 if out.data is None:
                     if has_placeholder(out.text):
@@ -179,7 +179,7 @@ def _texts(result: Any) -> Iterator[tuple[Any, str]]:
 
 def _substitute(result: Any, resolution: Resolution) -> None:
     if result.live is not None:
-        for log in result.live.logs:
+        for log in result.live.logs.values():
             for out in log.outputs:
                 if out.data is None:
                     if has_placeholder(out.text):

@@ -10,8 +10,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from ..contracts import ProcessInfo, Progress
-    from .backchannel import BackChannel
-    from .inboxes import Inboxes
+    from .process_calls import ProcessCalls
 
 
 class ClusterHandle(Protocol):
@@ -19,8 +18,7 @@ class ClusterHandle(Protocol):
 
     processes: list[ProcessInfo]
     timeout: float
-    inboxes: Inboxes  # the processes on this host, reached without ipyparallel (push, cells)
-    backchannel: BackChannel  # every process, also while it is busy (cells, evidence, signals)
+    calls: ProcessCalls  # calls to the processes by index, each by its route (cells, push)
     machines: list[str | None]  # by process index: the machine it runs on; None: unknown
     here: set[int]  # the processes that showed they run on the notebook's machine
 

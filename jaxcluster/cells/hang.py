@@ -7,7 +7,7 @@ others* when both hold:
   waiting for a result, a transfer or a barrier), and
 - the multi-process program it last dispatched this cell (its dispatch record, kept by
   ``engine/dispatch.py``) needs a process that has ended, or died, having dispatched that
-  program fewer times.
+  program fewer times, or a process outside the cell's targets, which never runs it.
 
 Only then can it never finish. A process busy with its own work (Python, I/O, ``time.sleep``, a
 jitted computation on its own devices) is not hung, however long it takes. Where the dispatch
@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import re
 import sys
+from collections.abc import Collection
 from dataclasses import dataclass
 
 from ..render.labels import parse_process_spec, process_label
@@ -46,6 +47,7 @@ class Wait:
     participants: tuple[int, ...] = ()
     # the processes it waits on that will never come: index -> how they ended
     missing: tuple[tuple[int, str], ...] = ()
+    outside: tuple[int, ...] = ()  # those it waits on outside the cell's targets
 
 
 def jax_function(stack: str) -> str | None:
@@ -74,13 +76,14 @@ def waits_on_others(
     record: dict | None,
     ended: dict[int, str],
     counts: dict[int, dict],
+    outside: Collection[int] = (),
 ) -> Wait | None:
     """The evidence that a running process can never finish, or None.
 
     ``stack``: its main thread's stack (None: unreadable); ``record``: its dispatch record
     (None: it keeps none); ``ended``: process index -> how it ended ("ended", "raised X",
     "died") for those that have; ``counts``: this cell's dispatches of ended processes
-    (``engine.dispatch.counts``).
+    (``engine.dispatch.counts``); ``outside``: the processes the cell was not sent to.
     """
     if stack is None or jax_function(stack) is None:
         return None
@@ -90,6 +93,7 @@ def waits_on_others(
         return None  # inside JAX, but only with programs on its own devices
     participants = parse_ranges(str(record.get("processes", "")))
     missing = []
+    needed = tuple(index for index in participants if index in outside)
     for index in participants:
         how = ended.get(index)
         if how is None:
@@ -100,10 +104,10 @@ def waits_on_others(
             ran = counts[index]["counts"].get(record["key"], 0)
             if ran < record["count"]:
                 missing.append((index, _shortfall(how, ran)))
-    if not missing:
+    if not missing and not needed:
         return None
     return Wait(str(record.get("name", "")), int(record.get("devices", 0)), participants,
-                tuple(missing))
+                tuple(missing), needed)
 
 
 def _shortfall(how: str, ran: int) -> str:
@@ -126,25 +130,31 @@ def diagnosis(waiting: dict[int, Wait]) -> str:
             clauses.append(f"{process_label(indices)} {verb} inside JAX for other processes")
             continue
         over = f" over {wait.devices} devices on {len(wait.participants)} processes"
-        why = "; ".join(f"{process_label([i])} {how}" for i, how in wait.missing)
-        clauses.append(f"{process_label(indices)} {verb} in `{wait.program}`{over}; {why}")
+        why = [f"{process_label([i])} {how}" for i, how in wait.missing]
+        if wait.outside:
+            are = "is" if len(wait.outside) == 1 else "are"
+            why.append(f"it needs {process_label(wait.outside)}, which {are} outside the "
+                       "cell's targets and never run it")
+        clauses.append(f"{process_label(indices)} {verb} in `{wait.program}`{over}; "
+                       + "; ".join(why))
     return "; ".join(clauses)
 
 
-def out_of_step(answers: dict[int, dict]) -> tuple[list[int], str]:
+def out_of_step(answers: dict[int, dict], outside: Collection[int] = ()) -> tuple[list[int], str]:
     """Processes left with a multi-process program in flight that some participant never
     dispatched (as often), once every process has stopped; and the words for it.
 
     Python can stop waiting for such a program (SIGINT), but JAX cannot cancel it: it would
     pair with the next collective of the others, so the cluster's collectives are out of step.
     ``answers``: every process's ``engine.dispatch.counts``; ([], "") when all agree.
+    ``outside``: processes the cell was not sent to, which ran none of its programs.
     """
     ahead: set[int] = set()
     clauses = []
     programs = {k: v for a in answers.values() for k, v in a["programs"].items()}
     for key, (name, ranges, _) in programs.items():
-        participants = [i for i in parse_ranges(ranges) if i in answers]
-        ran = {i: answers[i]["counts"].get(key, 0) for i in participants}
+        participants = [i for i in parse_ranges(ranges) if i in answers or i in outside]
+        ran = {i: answers[i]["counts"].get(key, 0) if i in answers else 0 for i in participants}
         most = max(ran.values(), default=0)
         behind = [i for i, n in ran.items() if n < most]
         if behind:

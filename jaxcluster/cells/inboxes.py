@@ -1,10 +1,10 @@
-"""The inboxes of the processes on this host (``engine/inbox.py``): a few named engine calls
-sent to many processes at once without ipyparallel's round trip, each wait bounded.
+"""The inboxes of the processes on this host (``engine/inbox.py``): the engine's main-thread
+calls sent to many processes at once without ipyparallel's round trip, each wait bounded.
 
 Only processes that showed they run on this host have an inbox (``process.machine``), and one
 is used only once its engine greeted the connection with the engine id this notebook expects:
 a path never decides it. One that died refuses the connection. Unreachable processes are left
-to the back channel by the caller.
+to the back channel by the caller (``process_calls.py``).
 """
 
 from __future__ import annotations
@@ -15,11 +15,9 @@ import json
 import selectors
 import socket
 import threading
-from collections.abc import Callable, Iterable
-from typing import Any
 
 from ..engine import inbox
-from .backchannel import CallError, Replies, collect
+from .backchannel import CallError
 
 # seconds a connect or a send may block: an engine busy in a cell accepts and reads only after
 # it, and its socket's backlog and buffer may be full meanwhile
@@ -98,30 +96,12 @@ class Inboxes:
         """Where a process's inbox is, if it has one on this host."""
         return self._paths[process][0] if process in self._paths else None
 
-    def takers(
-        self, processes: Iterable[int], function: Callable[..., Any], *args: Any
-    ) -> list[int]:
-        """Those of ``processes`` that can be sent ``function(*args)`` through their inbox: it
-        is a call inboxes serve, its request fits in one message (a value of thousands of
-        arrays names too many spans), and the process's inbox accepts this notebook."""
-        if inbox.CALLS.get(function.__name__) is not function:
-            return []
-        if len(request(function, *args)) > inbox.MAX_MESSAGE:
-            return []
-        return [p for p in processes if self._connection(p) is not None]
-
-    def call(
-        self, processes: list[int], function: Callable[..., Any], *args: Any, timeout: float
-    ) -> Replies:
-        """``function(*args)`` on each of ``processes`` (all ``takers``) at once; a process
-        that does not answer within ``timeout`` fails, and its late answer is never read."""
-        pending = self.start({p: request(function, *args) for p in processes})
-        concurrent.futures.wait(pending.answers.values(), timeout)
-        self.finish(pending)
-        return collect(pending.answers, timeout)
+    def accepts(self, process: int) -> bool:
+        """Whether ``process`` has an inbox here that greeted this notebook as its engine."""
+        return self._connection(process) is not None
 
     def start(self, requests: dict[int, bytes]) -> Pending:
-        """Send each process its request (from ``request``); the answers come to the
+        """Send each process its request (JSON, ``engine/calls.py``); the answers come to the
         ``Pending``, which the caller hands to ``finish`` once it waited enough."""
         sent, errors = {}, {}
         for p, message in requests.items():
@@ -168,7 +148,3 @@ class Inboxes:
             with contextlib.suppress(OSError):
                 conn.close()
 
-
-def request(function: Callable[..., Any], *args: Any) -> bytes:
-    """The message that asks an inbox for ``function(*args)``."""
-    return json.dumps({"call": function.__name__, "args": args}).encode()

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from difflib import SequenceMatcher
 from typing import Any
@@ -74,8 +74,9 @@ class ProcessLog:
 class Relay:
     """Messages from the client's IO thread, folded into logs on the thread that reads them."""
 
-    def __init__(self, processes: int) -> None:
-        self.logs = [ProcessLog() for _ in range(processes)]
+    def __init__(self, processes: Iterable[int]) -> None:
+        """``processes``: the indices of the processes whose messages come."""
+        self.logs = {index: ProcessLog() for index in processes}
         self._pending: list[tuple[int, str, dict]] = []
         self._lock = threading.Lock()
         self.version = 0  # changes whenever a log does
@@ -126,7 +127,7 @@ def _signature(log: ProcessLog) -> list[tuple[str, Any]]:
             for out in log.outputs]
 
 
-def _identical(logs: Sequence[ProcessLog], selected: Sequence[int]) -> list[Block] | None:
+def _identical(logs: Mapping[int, ProcessLog], selected: Sequence[int]) -> list[Block] | None:
     """One block per output when every selected process showed the same: the common case,
     found by comparing whole texts, without splitting them into lines."""
     first = _signature(logs[selected[0]])
@@ -138,7 +139,8 @@ def _identical(logs: Sequence[ProcessLog], selected: Sequence[int]) -> list[Bloc
             for out in logs[selected[0]].outputs if out.data is not None or out.text]
 
 
-def blocks(logs: Sequence[ProcessLog], selected: Sequence[int], collapsed: bool) -> list[Block]:
+def blocks(logs: Mapping[int, ProcessLog], selected: Sequence[int], collapsed: bool
+           ) -> list[Block]:
     """The selected processes' outputs, aligned and collapsed, as blocks in display order.
 
     Each process's outputs are aligned with those already merged (difflib): what matches is

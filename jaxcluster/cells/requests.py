@@ -1,8 +1,10 @@
-"""One ``%%spmd`` cell sent to every process, and what its watcher reads while it runs.
+"""One ``%%spmd`` cell sent to its processes (every process, or ``--targets``), and what its
+watcher reads while it runs.
 
 Each engine runs the cell between requests, as its next cell (``engine/cells.run_cell``), asked
-through its inbox where it runs on this host (``engine/inbox.py``) and through its back channel
-elsewhere (``engine/backchannel.py``), or when the cell is too large for one inbox message.
+through the process-call layer (``process_calls.py``): its inbox where it runs on this host
+(``engine/inbox.py``), its back channel elsewhere (``engine/backchannel.py``) or when the cell
+is too large for one inbox message.
 ipyparallel's execute request would cost a round trip through the controller with the busy,
 input and idle messages around it, most of a trivial cell's cost: asked through the inboxes,
 ``x = 1`` took 0.13 of ``%%px`` at 16 and 64 processes. It would also never answer a cell that
@@ -26,7 +28,6 @@ from ipyparallel.error import RemoteError
 from ..engine import cells
 from .backchannel import CallError
 from .handle import ClusterHandle
-from .inboxes import Pending, request
 from .live import Relay
 
 # seconds a process's output may lag its answer before the process counts as ended anyway
@@ -34,52 +35,50 @@ OUTPUT_GRACE = 5.0
 
 
 class CellRequest(Protocol):
-    """A cell running on every process, by process index."""
+    """A cell running on some processes, by process index."""
 
     def wait(self, timeout: float | None) -> bool: ...  # True: every process ended it
 
     def parts(self) -> list[concurrent.futures.Future]: ...  # each resolves when its process ends
 
-    def metadata(self) -> list[dict]: ...  # ipyparallel's record of each process: output, status
+    def metadata(self) -> dict[int, dict]: ...  # ipyparallel's record of each: output, status
 
     def interrupt(self, processes: list[int]) -> None: ...  # those yet to start it never will
 
     def close(self) -> None: ...
 
 
-def submit(cluster: ClusterHandle, code: str, label: str | None, relay: Relay) -> CellRequest:
-    """Send ``code`` to every process of ``cluster``; ``relay`` gets every output message."""
-    return _Cell(cluster, code, label, relay)
+def submit(cluster: ClusterHandle, code: str, label: str | None, relay: Relay,
+           targets: list[int]) -> CellRequest:
+    """Send ``code`` to the processes ``targets`` of ``cluster``; ``relay`` gets every output
+    message."""
+    return _Cell(cluster, code, label, relay, targets)
 
 
 class _Cell:
     """A process has ended the cell once its engine answered and its output came (or
     ``OUTPUT_GRACE`` passed, or its engine hung up)."""
 
-    def __init__(self, cluster: ClusterHandle, code: str, label: str | None, relay: Relay) -> None:
+    def __init__(self, cluster: ClusterHandle, code: str, label: str | None, relay: Relay,
+                 targets: list[int]) -> None:
         self.client = cluster.client
-        self.inboxes = cluster.inboxes
-        self.backchannel = cluster.backchannel
-        self.outputs: list[Any] = []  # ipyparallel's output future of each process's header
+        self.calls = cluster.calls
+        self.outputs: dict[int, Any] = {}  # ipyparallel's output future of each one's header
         parents = {}
-        for p in cluster.processes:
+        for index in targets:
             header = self.client.session.msg_header("execute_request")
             future, output = self.client.create_message_futures(
                 header["msg_id"], header, async_result=True, label=label)
-            future.iopub_callbacks.append(_passer(relay, p.process_index))
-            self.outputs.append(output)
-            parents[p.process_index] = _parent(header, label)
-        self.msg_ids = [output.msg_id for output in self.outputs]
-        near = set(self.inboxes.takers(list(parents), cells.run_cell, code, parents[0]))
-        self.pending: Pending = self.inboxes.start(
-            {p: request(cells.run_cell, code, parent) for p, parent in parents.items()
-             if p in near})
-        far = cluster.backchannel.start(
-            {p: ("run_cell", [code, parent]) for p, parent in parents.items() if p not in near})
-        self.answers = {**self.pending.answers, **far}
-        self.ended: list[concurrent.futures.Future[None]] = [
-            concurrent.futures.Future() for _ in self.outputs]
-        self.answered_at: list[float | None] = [None] * len(self.outputs)
+            future.iopub_callbacks.append(_passer(relay, index))
+            self.outputs[index] = output
+            parents[index] = _parent(header, label)
+        self.msg_ids = {index: output.msg_id for index, output in self.outputs.items()}
+        self.sent = self.calls.start({p: (cells.run_cell, (code, parent))
+                                      for p, parent in parents.items()})
+        self.answers = self.sent.answers
+        self.ended: dict[int, concurrent.futures.Future[None]] = {
+            index: concurrent.futures.Future() for index in self.outputs}
+        self.answered_at: dict[int, float] = {}
         self._lock = threading.Lock()
         for index, answer in self.answers.items():
             answer.add_done_callback(functools.partial(self._answered, index))
@@ -96,7 +95,7 @@ class _Cell:
         answer = self.answers[index]
         if not answer.done():
             return
-        at = self.answered_at[index]  # None until the answer's callback ran
+        at = self.answered_at.get(index)  # absent until the answer's callback ran
         late = now is not None and at is not None and now - at >= OUTPUT_GRACE
         if self.outputs[index].done() or answer.exception() is not None or late:
             with self._lock:
@@ -104,22 +103,22 @@ class _Cell:
                     self.ended[index].set_result(None)
 
     def wait(self, timeout: float | None) -> bool:
-        _, running = concurrent.futures.wait(self.ended, timeout)
+        _, running = concurrent.futures.wait(self.ended.values(), timeout)
         return not running
 
     def parts(self) -> list[concurrent.futures.Future]:
-        return list(self.ended)
+        return list(self.ended.values())
 
-    def metadata(self) -> list[dict]:
+    def metadata(self) -> dict[int, dict]:
         now = time.monotonic()
-        records = []
-        for index, output in enumerate(self.outputs):
+        records = {}
+        for index, output in self.outputs.items():
             self._check(index, now)
             md = dict(output.metadata)
             md["status"] = None
             if self.ended[index].done():
                 md.update(self._status(index))
-            records.append(md)
+            records[index] = md
         return records
 
     def _status(self, index: int) -> dict[str, Any]:
@@ -136,14 +135,14 @@ class _Cell:
         return {"status": "error", "error": RemoteError(name, message, "")}
 
     def interrupt(self, processes: list[int]) -> None:
-        """SIGINT to the cell on each of ``processes`` (``engine/cells.interrupt``), over the
-        back channel: one whose request has not reached its process's main thread yet (the
+        """SIGINT to the cell on each of ``processes`` (``engine/cells.interrupt``), on the
+        control thread: one whose request has not reached its process's main thread yet (the
         inbox is another path) never runs."""
-        self.backchannel.start({p: ("interrupt", [self.msg_ids[p]]) for p in processes})
+        self.calls.start({p: (cells.interrupt, (self.msg_ids[p],)) for p in processes})
 
     def close(self) -> None:
-        self.inboxes.finish(self.pending)
-        self.client.purge_local_results(jobs=self.msg_ids)
+        self.sent.finish()
+        self.client.purge_local_results(jobs=list(self.msg_ids.values()))
 
 
 def _parent(header: dict[str, Any], label: str | None) -> dict[str, Any]:

@@ -17,14 +17,14 @@ from __future__ import annotations
 import concurrent.futures
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import UNKNOWN_ERROR, SPMDError, remote_error
+from ..errors import UNKNOWN_ERROR, remote_error
 from ..render.labels import process_label
 from . import asks, evidence, global_values, hang, interrupts, requests
 from .handle import ClusterHandle
 from .live import Relay
+from .results import ProcessOutput, SPMDResult
 
 DEFAULT_HANG_AFTER = 10.0
 INTERRUPT_GRACE = 3.0  # seconds the processes get to stop after SIGINT before they count as stuck
@@ -35,66 +35,6 @@ DEATH_GRACE = 1.0  # seconds the others get to finish after one process died
 FIRST_WAIT = 0.5
 HEALTH_EVERY = 0.5  # how often the engines of running processes are checked for deaths
 UPDATE_EVERY = 0.25  # how often streamed output is passed on
-
-
-@dataclass
-class ProcessOutput:
-    """What one JAX process produced for one cell."""
-
-    process_index: int
-    stdout: str = ""
-    stderr: str = ""
-    outputs: list[dict] = field(default_factory=list)  # display_data bundles ({"data", ...})
-    result: dict | None = None  # the last expression's mime bundle
-    error: dict | None = None  # {"ename", "evalue", "traceback"}
-    state: str = "running"  # running, done, error, stuck, died, interrupted
-    reason: str = ""  # why it died / is stuck
-    stack: str = ""  # the Python stack of a stuck process
-    where: str = ""  # where a running process was last seen: "cell line 3"
-    asking: str = ""  # the prompt of the input (or debugger) it waits on an answer to
-
-
-@dataclass
-class SPMDResult:
-    processes: list[ProcessOutput]
-    elapsed: float = 0.0
-    failure: str | None = None  # None, "hang", "timeout", "interrupt", "died", "out of step"
-    diagnosis: str = ""  # why a hang is one (who waits on whom), or how collectives diverged
-    timeout: float | None = None
-    interrupted: list[int] = field(default_factory=list)  # stopped by SIGINT, state kept
-    restarted: bool = False
-    restart_error: str | None = None
-    restart_reason: str = ""  # why a restart is needed; "" when none is
-    restart_summary: str = ""  # the restarted cluster: "4 processes × … ready in 5.2 s"
-    replay: Any = None  # recovery.Replay of the setup cells after the restart
-    live: Relay | None = None  # every process's outputs, message by message, as they came
-    values: Any = None  # global_values.Resolution: global arrays printed, and what they cost
-
-    @property
-    def ok(self) -> bool:
-        return self.failure is None and all(p.error is None for p in self.processes)
-
-    @property
-    def errors(self) -> list[ProcessOutput]:
-        return [p for p in self.processes if p.error is not None]
-
-    started: float = field(default_factory=time.monotonic)
-
-    def elapsed_so_far(self) -> float:
-        return self.elapsed or time.monotonic() - self.started
-
-    def check(self) -> SPMDResult:
-        """Raise ``SPMDError`` (with every process's error) unless the cell ran cleanly."""
-        if not self.ok:
-            from ..render.cell import error_report
-
-            raise SPMDError(*error_report(self, range(len(self.processes)), collapsed=True))
-        return self
-
-    def value(self, process_index: int = 0) -> Any:
-        """The ``text/plain`` of a process's last expression (None when it had none)."""
-        result = self.processes[process_index].result
-        return None if result is None else result.get("text/plain")
 
 
 Update = Callable[[SPMDResult], None]
@@ -110,23 +50,30 @@ def run(
     on_restart: Callable[[], Any] | None = None,
     cell_number: int | None = None,
     on_input: asks.Ask | None = None,
+    targets: list[int] | None = None,
 ) -> SPMDResult:
-    """Run ``code`` on every process of ``cluster`` in lockstep and gather what each produced.
+    """Run ``code`` on every process of ``cluster`` (or on ``targets``, process indices) in
+    lockstep and gather what each produced.
 
     ``on_update`` is called from this thread with the partial result while the cell runs.
     ``on_restart`` runs the recovery (default ``cluster.restart()``, which replays the setup
     cells) when a process died, could not be stopped, or was left with its collectives out of
     step. ``cell_number``: the notebook's
     execution count, which the processes' tracebacks and warnings then name. ``on_input``
-    answers the processes' reads of stdin (default: this process's own ``input``).
+    answers the processes' reads of stdin (default: this process's own ``input``). A program
+    that needs processes outside ``targets`` never finishes: it is diagnosed as a hang that
+    names them.
     """
     label = CELL_LABEL.format(cell_number) if cell_number is not None else None
-    result = SPMDResult([ProcessOutput(p.process_index) for p in cluster.processes])
-    result.live = Relay(len(result.processes))
+    everyone = [p.process_index for p in cluster.processes]
+    chosen = everyone if targets is None else sorted(set(targets))
+    result = SPMDResult([ProcessOutput(i) for i in chosen],
+                        outside=[i for i in everyone if i not in chosen])
+    result.live = Relay(chosen)
     result.timeout = timeout
     began = time.monotonic()
     with interrupts.held() as press:
-        cell = requests.submit(cluster, code, label, result.live)
+        cell = requests.submit(cluster, code, label, result.live, chosen)
         watcher = _Watcher(cluster, cell, result, began, timeout, hang_after, press, on_input)
         try:
             watcher.watch(on_update)
@@ -136,7 +83,9 @@ def run(
             cell.close()
     result.elapsed = time.monotonic() - began
     idle = not any(p.state in ("running", "stuck", "died") for p in result.processes)
-    result.values = global_values.resolve(cluster.view if idle else None, result)
+    view = cluster.view if not result.outside else cluster.client[
+        [cluster.calls.engine_ids[i] for i in chosen]]  # the processes that printed them
+    result.values = global_values.resolve(view if idle else None, result)
     if result.failure and result.restart_reason:
         if on_update is not None:
             on_update(result)  # the report is shown now, not after the restart
@@ -182,12 +131,16 @@ class _Watcher:
         self.began = began
         self.timeout = timeout
         self.hang_after = hang_after
+        self.procs = {p.process_index: p for p in result.processes}
         self.first_end: float | None = None
         self.first_death: float | None = None
         self.next_probe = 0.0
+        if result.outside:  # the processes outside the targets never run it: as if ended
+            self.first_end = began
+            self.next_probe = began + min(PROBE_EVERY, hang_after)
         self.counts: dict[int, dict] = {}  # dispatch counts of ended processes (they are idle)
         # what each process's metadata looked like when last read: unchanged, it is not re-read
-        self.seen: list[tuple | None] = [None] * len(result.processes)
+        self.seen: dict[int, tuple] = {}
 
     def watch(self, on_update: Update | None) -> None:
         first = FIRST_WAIT if self.timeout is None else min(FIRST_WAIT, self.timeout)
@@ -231,13 +184,13 @@ class _Watcher:
         if not waiting:
             return False
         for index, prompt in waiting.items():
-            self.result.processes[index].asking = prompt
+            self.procs[index].asking = prompt
         if on_update is not None:
             on_update(self.result)  # the status line says who waits, before the prompt
         with self.press.released():  # the stop button ends the front end's wait for input
-            reads.answer(self.cluster.backchannel, self.on_input)
+            reads.answer(self.cluster.calls, self.on_input)
         for index in waiting:
-            self.result.processes[index].asking = ""
+            self.procs[index].asking = ""
         return True
 
     def _next_due(self, next_health: float, last_update: float, on_update: Update | None) -> float:
@@ -254,7 +207,7 @@ class _Watcher:
 
     def _finish(self) -> None:
         """Every process answered: read what each produced, once."""
-        self.seen = [None] * len(self.result.processes)  # read all, complete now
+        self.seen = {}  # read all, complete now
         self._collect(self.cell.metadata())
         self._settle_deaths()
         if not self.result.failure and self.result.errors:
@@ -280,13 +233,13 @@ class _Watcher:
 
     def _check_in_step(self) -> None:
         """Every process is idle again: are their collectives still in step?"""
-        everyone = list(range(len(self.result.processes)))
-        answers = evidence.dispatch_counts(self.cluster.backchannel, everyone)
+        everyone = list(self.procs)
+        answers = evidence.dispatch_counts(self.cluster.calls, everyone)
         if len(answers) < len(everyone):
             return  # no dispatch record somewhere: nothing to compare
-        ahead, words = hang.out_of_step(answers)
+        ahead, words = hang.out_of_step(answers, self.result.outside)
         for index in ahead:
-            proc = self.result.processes[index]
+            proc = self.procs[index]
             proc.state = "stuck"
             proc.reason = "interrupted, with a multi-process program still in flight"
         if ahead:
@@ -299,9 +252,10 @@ class _Watcher:
         """Every process ended, some with an error: did a collective fail, or did the
         processes dispatch their multi-process programs unequally? Either leaves their
         collectives out of step: the next one would pair with the wrong partner, or fail too."""
-        everyone = list(range(len(self.result.processes)))
-        answers = evidence.dispatch_counts(self.cluster.backchannel, everyone)
-        _, words = hang.out_of_step(answers) if len(answers) == len(everyone) else ([], "")
+        everyone = list(self.procs)
+        answers = evidence.dispatch_counts(self.cluster.calls, everyone)
+        complete = len(answers) == len(everyone)
+        _, words = hang.out_of_step(answers, self.result.outside) if complete else ([], "")
         failed = [p.process_index for p in self.result.errors
                   if hang.collective_failure(p.error or {})]
         if failed and not words:
@@ -311,11 +265,12 @@ class _Watcher:
             self.result.diagnosis = words
             self.result.restart_reason = "the processes' collectives are out of step"
 
-    def _collect(self, metadata: list[dict]) -> None:
-        for i, (proc, md) in enumerate(zip(self.result.processes, metadata, strict=True)):
+    def _collect(self, metadata: dict[int, dict]) -> None:
+        for i, md in metadata.items():
+            proc = self.procs[i]
             seen = (len(md["stdout"]), len(md["stderr"]), len(md["outputs"]), md["status"],
                     md["execute_result"] is not None, md["error"] is not None)
-            if seen == self.seen[i]:
+            if seen == self.seen.get(i):
                 continue  # a long stream is not copied again while it has not grown
             self.seen[i] = seen
             proc.stdout = md["stdout"]
@@ -334,7 +289,9 @@ class _Watcher:
 
     def _note_deaths(self, now: float) -> None:
         for proc, reason in self.cluster.dead_processes().items():
-            entry = self.result.processes[proc]
+            entry = self.procs.get(proc)
+            if entry is None:
+                continue  # outside the targets: this cell never ran there
             if entry.state == "running" or (entry.state == "error" and _lost_with_engine(entry)):
                 _died(entry, reason)
                 if self.first_death is None:
@@ -385,14 +342,14 @@ class _Watcher:
         running = [p.process_index for p in self.result.processes if p.state == "running"]
         if not running:
             return {}
-        found = evidence.where(self.cluster.backchannel, running)
+        found = evidence.where(self.cluster.calls, running)
         stacks = {i: w.stack for i, w in found.items()}
         records = {i: w.record for i, w in found.items()}
         for index in running:
-            self.result.processes[index].where = hang.where(stacks.get(index))
-            self.result.processes[index].asking = found[index].asking if index in found else ""
+            self.procs[index].where = hang.where(stacks.get(index))
+            self.procs[index].asking = found[index].asking if index in found else ""
         # a process that waits for an answer (input, a debugger) is not hung, whatever it holds
-        running = [i for i in running if not self.result.processes[i].asking]
+        running = [i for i in running if not self.procs[i].asking]
         if not judge:
             return {}
         ended = {p.process_index: _how_ended(p) for p in self.result.processes
@@ -401,20 +358,21 @@ class _Watcher:
                for i in running):
             unasked = [i for i in ended if i not in self.counts and ended[i] != "died"]
             if unasked:
-                self.counts.update(evidence.dispatch_counts(self.cluster.backchannel, unasked))
+                self.counts.update(evidence.dispatch_counts(self.cluster.calls, unasked))
         waiting = {}
         for index in running:
-            wait = hang.waits_on_others(stacks.get(index), records.get(index), ended, self.counts)
+            wait = hang.waits_on_others(stacks.get(index), records.get(index), ended, self.counts,
+                                        self.result.outside)
             if wait is not None:
                 waiting[index] = wait
-                self.result.processes[index].stack = stacks.get(index, "")
+                self.procs[index].stack = stacks.get(index, "")
         return waiting
 
     def _mark_stuck(self, reason: str) -> None:
         stuck = [p for p in self.result.processes if p.state == "running"]
         # a hang's stacks were read when it was found; still running, they are still there
         unread = [p.process_index for p in stuck if not p.stack]
-        found = evidence.where(self.cluster.backchannel, unread) if unread else {}
+        found = evidence.where(self.cluster.calls, unread) if unread else {}
         for proc in stuck:
             proc.state = "stuck"
             proc.reason = reason

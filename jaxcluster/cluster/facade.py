@@ -12,17 +12,17 @@ import shutil
 import tempfile
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import ipyparallel as ipp
 
 from ..cells import recovery
-from ..cells.backchannel import BackChannel
-from ..cells.inboxes import Inboxes
+from ..cells.process_calls import ProcessCalls
 from ..contracts import ProcessInfo, ProcessStatus, Progress
 from ..data import Synced
 from ..errors import ConfigError, JaxClusterError, NoClusterError
+from ..render.labels import parse_targets
 from . import attach, bringup, distributed, queries
 from .event_loop import LoopThread
 from .health import Health
@@ -30,6 +30,8 @@ from .option_table import declared
 from .options import ATTACHED, ClusterOptions, OptionAttribute
 
 __all__ = ["JaxCluster"]
+
+Targets = int | str | Iterable[int] | None  # processes: 0, [0, 2], "0,2", "1-3" or "all"
 
 
 class JaxCluster:
@@ -75,13 +77,11 @@ class JaxCluster:
         self.here: set[int] = set()
         self.features_off: dict[str, str] = {}  # what the engines' JAX lacks, and why
         self.jax_version = ""
-        # calls to the processes while they may be busy, on every host
-        self.backchannel = BackChannel()
-        # the processes on this host, for calls that skip ipyparallel's round trip
-        self.inboxes = Inboxes()
+        # calls to the processes by index: inboxes here, back channels anywhere, ipyparallel
+        self.calls = ProcessCalls()
         self._loop = LoopThread()
-        # cells run with setup=True, replayed in order after every restart
-        self.setup_cells: list[str] = []
+        # cells run with setup=True, replayed in order on their targets after every restart
+        self.setup_cells: list[recovery.SetupCell] = []
         self.last_replay: recovery.Replay | None = None  # what the latest restart replayed
 
     # -- the options, as given -----------------------------------------------------------------
@@ -230,8 +230,8 @@ class JaxCluster:
         self._view = None
         self.processes = []
         self.machines, self.here = [], set()
-        self.backchannel = BackChannel()
-        self.inboxes.close()
+        self.calls.close()
+        self.calls = ProcessCalls()
         if self._file_server is not None:
             self._file_server.close()
             self._file_server = None
@@ -308,31 +308,37 @@ class JaxCluster:
         return line
 
     def run(
-        self, code: str, timeout: float | None = None, setup: bool = False, **options: Any
+        self, code: str, timeout: float | None = None, setup: bool = False,
+        targets: Targets = None, **options: Any,
     ) -> Any:
         """Run ``code`` on every process in lockstep; see ``spmd.run`` for the options.
 
-        ``setup``: once it has run cleanly on every process, keep it in ``setup_cells``, to be
-        replayed after every restart. Returns an ``SPMDResult`` with each process's outputs,
-        value and error.
+        ``targets``: only these processes (an index, indices, or ``"0,2"``, ``"1-3"``, ``"all"``).
+        ``setup``: once it has run cleanly on every process it ran on, keep it in
+        ``setup_cells``, to be replayed on the same targets after every restart. Returns an
+        ``SPMDResult`` with each process's outputs, value and error.
         """
         from ..cells.spmd import run
 
+        chosen = self._targets(targets)
         if self.synced is not None:
             self.synced.refresh(self)  # edits reach every host before the cell
-        result = run(self, code, timeout=timeout, **options)
+        result = run(self, code, timeout=timeout, targets=chosen, **options)
         if setup and result.ok:
-            recovery.remember(self.setup_cells, code)
+            recovery.remember(self.setup_cells, code, chosen)
         return result
 
-    def call(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> list[Any]:
-        """``fn(*args, **kwargs)`` on every process in lockstep, as a ``%%spmd`` cell runs
-        (hang evidence, interrupt, recovery), and its values in process order. ``fn``, its
-        arguments and its values travel pickled, as ``View.apply`` sends them. A call that
-        fails on any process raises ``SPMDError``, with each process's error."""
+    def call(
+        self, fn: Callable[..., Any], /, *args: Any, targets: Targets = None, **kwargs: Any
+    ) -> list[Any]:
+        """``fn(*args, **kwargs)`` on every process (or on ``targets``, as ``run`` takes them)
+        in lockstep, as a ``%%spmd`` cell runs (hang evidence, interrupt, recovery), and its
+        values in process order. ``fn``, its arguments and its values travel pickled, as
+        ``View.apply`` sends them. A call that fails on any process raises ``SPMDError``, with
+        each process's error."""
         from ..cells.calls import call
 
-        return call(self, self.run, fn, args, kwargs)
+        return call(self, self.run, fn, args, kwargs, self._targets(targets))
 
     def devices(self, process_index: int | None = None) -> list[dict]:
         """Device records (see ``layout.device_record``) of every process, or of one."""
@@ -386,6 +392,12 @@ class JaxCluster:
 
     # -- internals -----------------------------------------------------------------------------
 
+    def _targets(self, targets: Targets) -> list[int] | None:
+        try:
+            return None if targets is None else parse_targets(targets, len(self.processes))
+        except ValueError as e:
+            raise ConfigError(f"targets: {e}") from None
+
     def _require_running(self) -> None:
         if not self.running:
             raise NoClusterError(
@@ -428,10 +440,9 @@ class JaxCluster:
         self.coordinator = job.coordinator
         self.machines, self.here = job.machines, job.here
         self.features_off, self.jax_version = job.features_off, job.jax_version
-        self.backchannel = BackChannel(
-            self._client, {p.process_index: p.engine_id for p in job.processes})
-        self.inboxes.close()
-        self.inboxes = Inboxes(job.inboxes)
+        self.calls.close()
+        self.calls = ProcessCalls(
+            self._client, {p.process_index: p.engine_id for p in job.processes}, job.inboxes)
         self._view = self._client[self.engine_ids]
         self._view.block = False
 

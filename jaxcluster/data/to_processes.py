@@ -2,10 +2,10 @@
 
 With a ``MeshSharding`` the value becomes a global jax.Array for which each process receives only
 the slices its devices hold. A whole value is written once per host: on the notebook's host
-into a /dev/shm file of its own (the processes there are told through their inboxes,
-``jaxcluster.cells.inboxes``), on every other host with several processes by one of them, which
-reads that file from the notebook's file server (``file_server.py``), or is sent the value
-through ipyparallel where it cannot. Processes that map such a file assign it at
+into a /dev/shm file of its own (the processes there are told through their inboxes:
+``jaxcluster.cells.process_calls``), on every other host with several processes by one of
+them, which reads that file from the notebook's file server (``file_server.py``), or is sent
+the value through ipyparallel where it cannot. Processes that map such a file assign it at
 once and put the old value back if any process failed; the others stage it and assign once all
 of them have it.
 """
@@ -20,11 +20,10 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
-import ipyparallel as ipp
 import numpy as np
 
 from ..engine import data as engine
-from ..errors import ConfigError, JaxClusterError, engine_error_message
+from ..errors import ConfigError, JaxClusterError
 from ..render.labels import process_label
 from .mesh import MeshSharding
 from .session import CLEANUP_SECONDS, Call, ClusterHandle, Session, Transfer, check_name, row_ranges
@@ -183,8 +182,8 @@ def _one_copy_per_host(
             _check(errors, what)
             copies |= {p: copy for p, copy in written.items() if copy is not None}
         # every host's processes at once, each told its host's file
-        found, errors = cluster.backchannel.ask(
-            {p: ("assign_file", [token, name, *copies[group[0]]])
+        found, errors = cluster.calls.ask(
+            {p: (engine.assign_file, (token, name, *copies[group[0]]))
              for group in hosts if group[0] in copies for p in group}, cluster.timeout)
         _check(errors, what)
         return {p for p, mapped in found.items() if mapped}
@@ -210,43 +209,12 @@ def _on(
     timeout: float | None = None,
 ) -> tuple[dict[int, Any], dict[int, str]]:
     """One call on each of ``processes`` at once: (replies, errors) by process index; one that
-    does not answer within ``timeout`` (default: the cluster's) fails. Processes on this host
-    get it through their inbox where it serves the call, the others through ipyparallel."""
+    does not answer within ``timeout`` (default: the cluster's) fails. Each goes by its route
+    (``cells.process_calls``): the inbox on this host, else the back channel for the engine's
+    registered calls, else ipyparallel for pickled values."""
     timeout = cluster.timeout if timeout is None else timeout
-    near, far = _routes(cluster, processes, request)
-    replies, errors = cluster.inboxes.call(near, *request, timeout=timeout)
-    if not far:
-        return replies, errors
-    engines = [cluster.processes[p].engine_id for p in far]
-    ar = cluster.client[engines].apply_async(*request)
-    if ar.wait(timeout):
-        answers = dict(zip(far, ar.get(0, return_exceptions=True), strict=True))
-    else:  # those that answered, one AsyncResult each
-        parts = ar.split() if len(far) > 1 else ()
-        answers = {p: part.get(0, return_exceptions=True)
-                   for p, part in zip(far, parts, strict=True) if part.ready()}
-    for p in far:
-        if p not in answers:
-            errors[p] = f"no answer within {timeout:g} s"
-        elif isinstance(answers[p], ipp.error.RemoteError):
-            errors[p] = engine_error_message(answers[p])
-        elif isinstance(answers[p], BaseException):  # the engine died, a bad reply, ...
-            errors[p] = f"{type(answers[p]).__name__}: {answers[p]}"
-        else:
-            replies[p] = answers[p]
-    done = [m for m in ar.msg_ids if m not in cluster.client.outstanding]
-    if done:
-        cluster.client.purge_local_results(jobs=done)  # the replies, and what they hold
-    return replies, errors
-
-
-def _routes(
-    cluster: ClusterHandle, processes: list[int], request: tuple[Any, ...]
-) -> tuple[list[int], list[int]]:
-    """(processes reached through their inbox, processes reached through ipyparallel)."""
-    near = cluster.inboxes.takers(processes, *request)
-    taken = set(near)
-    return near, [p for p in processes if p not in taken]
+    function, *args = request
+    return cluster.calls.call(processes, function, *args, timeout=timeout)
 
 
 def _check(errors: dict[int, str], what: str) -> None:

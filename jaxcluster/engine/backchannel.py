@@ -9,27 +9,23 @@ answer a read of stdin that waits for the notebook (``stdin.py``).
 
 A request (message type ``jaxcluster_request``) names one call, as JSON, never a pickle; like
 every ipyparallel message it is signed with the cluster's key, and it is answered without the
-busy and idle statuses ipykernel publishes around a control request of its own. ``CALLS`` run
-here, on the control thread, at once; the inbox's calls (``inbox.CALLS``: a cell, a push's
-assignment) run on the main thread between requests, exactly as they would through the inbox,
-and are answered when they end. The reply (``jaxcluster_reply``) is ``{"value": ...}`` or
-``{"error": "Type: message"}``, as the inbox's.
+busy and idle statuses ipykernel publishes around a control request of its own. The registry
+(``calls.py``) says where each call runs: ``calls.CONTROL`` here, on the control thread, at
+once; ``calls.MAIN`` (a cell, a push's assignment) on the main thread between requests, exactly
+as through the inbox, answered when they end. The reply (``jaxcluster_reply``) is the
+registry's one envelope, ``{"value": ...}`` or ``{"error": "Type: message"}``.
 """
 
 from __future__ import annotations
 
 import functools
-import json
-import sys
-import threading
-import traceback
-from collections.abc import Callable
 from typing import Any
 
-from . import cells, dispatch, inbox, stdin
+from . import calls
 
 REQUEST = "jaxcluster_request"
 REPLY = "jaxcluster_reply"
+SERVER = "the back channel"  # who refuses a call it does not serve
 
 
 def install() -> bool:
@@ -60,38 +56,12 @@ def install() -> bool:
         if request["header"]["msg_type"] != REQUEST:
             return others(frames)
         content = request["content"]
-        if content.get("call") in inbox.CALLS:  # on the main thread, between requests
-            kernel.io_loop.add_callback(inbox.answer_then, json.dumps(content).encode(),
-                                        functools.partial(send, request, idents))
+        reply = functools.partial(send, request, idents)
+        if content.get("call") in calls.MAIN:  # on the main thread, between requests
+            kernel.io_loop.add_callback(calls.answer_then, content, calls.MAIN, SERVER, reply)
         else:
-            send(request, idents, answer(content))
+            reply(calls.answer(content, calls.CONTROL, SERVER))
         return None
 
     stream.io_loop.add_callback(stream.on_recv, dispatch, copy=False)
     return True
-
-
-def answer(content: dict[str, Any]) -> dict[str, Any]:
-    try:
-        call = CALLS.get(content.get("call", ""))
-        if call is None:
-            raise KeyError(f"the back channel serves no call {content.get('call')!r}")
-        return {"value": call(*content.get("args", []))}
-    except Exception as e:
-        return {"error": f"{type(e).__name__}: {e}"}
-
-
-def where() -> dict[str, Any]:
-    """Where the main thread is (its frames as ``[file, line, function]``, outermost first),
-    the multi-process program it dispatched last (``dispatch.latest``), and the prompt it waits
-    on an answer to (``stdin.asking``)."""
-    frame = sys._current_frames().get(threading.main_thread().ident or 0)
-    stack = []
-    if frame is not None:  # walk_stack(None) would walk this thread
-        frames = traceback.StackSummary.extract(traceback.walk_stack(frame), lookup_lines=False)
-        stack = [[f.filename, f.lineno, f.name] for f in reversed(frames)]
-    return {"stack": stack, "dispatch": dispatch.latest(), "asking": stdin.asking()}
-
-
-CALLS: dict[str, Callable[..., Any]] = {
-    "where": where, "counts": dispatch.counts, "interrupt": cells.interrupt, "answer": stdin.answer}

@@ -4,12 +4,13 @@ named calls without going through ipyparallel.
 Why by hand: every ipyparallel request is a round trip through the controller, with the
 engine's status published before and after it; with many processes those round trips alone
 cost more than writing a large value once into /dev/shm, and most of a trivial ``%%spmd``
-cell (docs/performance.md). The inbox serves a few named calls (``CALLS``) and nothing
-else: "map this file as NAME", "put the old value back" (``data``), and "run this cell"
-(``cells.run_cell``, whose output still goes out on iopub, through ipyparallel). Requests are
-JSON naming one of them, never pickles; a cell's code is what ipyparallel's own execute request
-would carry, from the same user only (below). Engines elsewhere are asked the same calls
-through their back channel (``backchannel.py``), which runs them here too (``answer_then``).
+cell (docs/performance.md). The inbox serves the main thread's calls of the registry
+(``calls.MAIN``) and nothing else: "map this file as NAME", "put the old value back" (``data``),
+and "run this cell" (``cells.run_cell``, whose output still goes out on iopub, through
+ipyparallel). Requests are JSON naming one of them, never pickles; a cell's code is what
+ipyparallel's own execute request would carry, from the same user only (below). Engines
+elsewhere are asked the same calls through their back channel (``backchannel.py``), which runs
+them here too, with the same answer (``calls.answer_then``).
 
 The notebook opens an inbox only on engines that showed they run on its own host (same boot,
 mount and pid namespaces, host name: ``process.host_facts``), in the cluster's private
@@ -22,15 +23,13 @@ for its end, as an ipyparallel request would.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import os
 import socket
-from collections.abc import Callable
 from typing import Any
 
-from . import cells, data
+from . import calls
 
 SUFFIX = ".inbox"
 MAX_MESSAGE = 64 * 1024  # bytes: requests and answers name files and spans, never data
@@ -99,40 +98,10 @@ def _serve(loop: Any, conn: socket.socket) -> None:
         loop.remove_handler(conn)
         conn.close()
         return
-    answer_then(request, lambda reply: _send_raw(conn, json.dumps(reply).encode()))
+    calls.answer_then(request, calls.MAIN, "the inbox",
+                      lambda reply: _send_raw(conn, json.dumps(reply).encode()))
 
 
 def _send_raw(conn: socket.socket, message: bytes) -> None:
     with contextlib.suppress(OSError):  # a notebook gone meanwhile reads no answer
         conn.send(message)
-
-
-def answer_then(request: bytes, send: Callable[[dict[str, Any]], None]) -> None:
-    """Answer ``request`` on this thread, and hand ``send`` the reply: at once, or, for a cell
-    that awaits, when it ends."""
-    reply = answer(request)
-    if isinstance(reply.get("value"), asyncio.Future):
-        reply["value"].add_done_callback(lambda ended: send(_settled(ended)))
-    else:
-        send(reply)
-
-
-def _settled(ended: asyncio.Future) -> dict[str, Any]:
-    try:
-        return {"value": ended.result()}
-    except BaseException as e:
-        return {"error": f"{type(e).__name__}: {e}"}
-
-
-def answer(request: bytes) -> dict[str, Any]:
-    """``{"value": ...}`` of the call a request names, or ``{"error": "Type: message"}``."""
-    try:
-        call = json.loads(request)
-        if call["call"] not in CALLS:
-            raise KeyError(f"the inbox serves no call {call['call']!r}")
-        return {"value": CALLS[call["call"]](*call["args"])}
-    except BaseException as e:  # KeyboardInterrupt too: the notebook gets an answer
-        return {"error": f"{type(e).__name__}: {e}"}
-
-
-CALLS = {f.__name__: f for f in (data.assign_file, data.release, cells.run_cell)}

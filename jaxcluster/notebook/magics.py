@@ -29,6 +29,7 @@ from .magics_args import (
     name_argument,
     parse,
     process_option,
+    processes,
     processes_option,
     seconds,
     usage_errors,
@@ -179,8 +180,15 @@ class JaxClusterMagics(ClusterMagicsBase):
 
     @magic_arguments()
     @processes_option(
-        "show only these processes' output: 0, 0,2, 1-3 or all (the cell runs on all). "
+        "show only these processes' output: 0, 0,2, 1-3 or all (the cell runs on --targets). "
         "Default all."
+    )
+    @argument(
+        "--targets",
+        default="all", type=processes("--targets"), metavar="SPEC",
+        help="run the cell only on these processes: 0, 0,2, 1-3 or all; the others are left "
+        "untouched. A program that needs processes outside them is reported as a hang. "
+        "Default all.",
     )
     @argument(
         "--no-collapse",
@@ -205,8 +213,8 @@ class JaxClusterMagics(ClusterMagicsBase):
     @argument(
         "--setup",
         action="store_true",
-        help="a setup cell: once it has run cleanly on every process, it is replayed after "
-        "every restart (%%jax_cluster setup lists them).",
+        help="a setup cell: once it has run cleanly on every process it ran on, it is replayed "
+        "on them after every restart (%%jax_cluster setup lists them).",
     )
     @no_var_expand
     @cell_magic
@@ -225,7 +233,11 @@ class JaxClusterMagics(ClusterMagicsBase):
         cluster is restarted only when a process cannot be stopped, died, or is left with its
         collectives out of step (interrupted with a multi-process program in flight, or after
         a failed collective or programs dispatched unequally); a restart loses every
-        process's state and replays the setup cells (--setup).
+        process's state and replays the setup cells (--setup), each on its --targets.
+
+        With --targets the cell runs on those processes alone; the others do not run it and
+        keep their state. A multi-process program there that needs a process outside the
+        targets can never finish: it is reported as a hang that names those processes.
 
         Examples::
 
@@ -238,10 +250,15 @@ class JaxClusterMagics(ClusterMagicsBase):
 
             %%spmd --setup
             import jax, jax.numpy as jnp
+
+            %%spmd --targets 0,2
+            print(jax.process_index())
         """
         args = parse(self.spmd, line)
         cluster = self.require_cluster()
-        selected = process_spec(args.process, cluster, "-p/--process")
+        targets = process_spec(args.targets, cluster, "--targets")
+        selected = [i for i in process_spec(args.process, cluster, "-p/--process")
+                    if i in targets]
         collapsed = not args.no_collapse
         live = LiveOutput()
         tail = self.live_tail
@@ -282,6 +299,7 @@ class JaxClusterMagics(ClusterMagicsBase):
             cell,
             timeout=args.timeout,
             setup=args.setup,
+            targets=None if args.targets == "all" else targets,
             hang_after=args.hang_after if args.hang_after is not None else self.hang_after,
             on_update=on_update,
             on_restart=restart,

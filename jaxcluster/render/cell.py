@@ -99,7 +99,8 @@ def failure_lines(result: Any) -> list[str]:
               if p.state == "error" and p.process_index not in interrupted]
     if failed and result.failure:
         lines.append(f"  {process_label(failed)} raised (see above)")
-    kept = [i for i in interrupted if result.processes[i].state != "stuck"]
+    states = {p.process_index: p.state for p in result.processes}
+    kept = [i for i in interrupted if states.get(i) != "stuck"]
     if kept and not result.restarted:
         whose = "its" if len(kept) == 1 else "their"
         lines.append(f"  {process_label(kept)} stopped on an interrupt: {whose} state is kept")
@@ -131,7 +132,8 @@ def replay_lines(replay: Any) -> list[str]:
     cells = f"{replay.total} setup cell{'s' if replay.total != 1 else ''}"
     if replay.ok:
         return [f"Replayed {cells} in {replay.seconds:.1f} s."]
-    summary, details = error_report(replay.failed, range(len(replay.failed.processes)), True)
+    ran = [p.process_index for p in replay.failed.processes]
+    summary, details = error_report(replay.failed, ran, True)
     skipped = replay.total - replay.replayed - 1
     rest = f"; the {skipped} after it were not replayed" if skipped else ""
     return [
@@ -141,15 +143,17 @@ def replay_lines(replay: Any) -> list[str]:
     ]
 
 
-def setup_text(cells: Sequence[str]) -> str:
-    """The setup cells, numbered in replay order."""
+def setup_text(cells: Sequence[Any]) -> str:
+    """The setup cells (``code``, ``targets``: None for every process), numbered in replay
+    order, each with the processes it is replayed on when not all."""
     if not cells:
         return "No setup cells. Mark a cell with %%spmd --setup to replay it after restarts."
     noun = "cell" if len(cells) == 1 else "cells"
     parts = [f"{len(cells)} setup {noun}, replayed in this order after every restart:"]
-    for number, code in enumerate(cells, 1):
-        parts.append(f"[{number}]")
-        parts.extend("    " + line for line in code.rstrip("\n").splitlines())
+    for number, cell in enumerate(cells, 1):
+        on = f" on {process_label(cell.targets)}" if cell.targets is not None else ""
+        parts.append(f"[{number}]{on}")
+        parts.extend("    " + line for line in cell.code.rstrip("\n").splitlines())
     return "\n".join(parts)
 
 

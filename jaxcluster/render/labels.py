@@ -57,6 +57,16 @@ def parse_process_spec(spec: str, count: int) -> list[int]:
     return sorted(chosen)
 
 
+def parse_targets(targets: int | str | Iterable[int], count: int) -> list[int] | None:
+    """A cell's processes, as an index, indices or a SPEC (``parse_process_spec``); None for
+    every process (``all``)."""
+    if targets == "all":
+        return None
+    if not isinstance(targets, str):
+        targets = ",".join(str(i) for i in ([targets] if isinstance(targets, int) else targets))
+    return parse_process_spec(targets, count)
+
+
 T = TypeVar("T")
 
 

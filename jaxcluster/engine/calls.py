@@ -1,0 +1,75 @@
+"""The calls a notebook asks of an engine by name, the one registry of them, and the one answer
+envelope that the inbox (``inbox.py``) and the back channel (``backchannel.py``) both give.
+
+``CONTROL`` calls run on the control thread at once, also while the main thread is busy in a
+cell: where the main thread is, this cell's dispatch counts, an interrupt, the answer to a read
+of stdin. ``MAIN`` calls run on the main thread between requests, as an ipyparallel request
+would: a cell, a push's file assigned or released. A request is JSON, ``{"call": name, "args":
+[...]}``, never a pickle; its answer is ``{"value": ...}`` or ``{"error": "Type: message"}``,
+sent when the call ends (a cell that awaits at top level ends on the event loop, later).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import threading
+import traceback
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from . import cells, data, dispatch, stdin
+
+Reply = dict[str, Any]
+
+
+def where() -> dict[str, Any]:
+    """Where the main thread is (its frames as ``[file, line, function]``, outermost first),
+    the multi-process program it dispatched last (``dispatch.latest``), and the prompt it waits
+    on an answer to (``stdin.asking``)."""
+    frame = sys._current_frames().get(threading.main_thread().ident or 0)
+    stack = []
+    if frame is not None:  # walk_stack(None) would walk this thread
+        frames = traceback.StackSummary.extract(traceback.walk_stack(frame), lookup_lines=False)
+        stack = [[f.filename, f.lineno, f.name] for f in reversed(frames)]
+    return {"stack": stack, "dispatch": dispatch.latest(), "asking": stdin.asking()}
+
+
+CONTROL: dict[str, Callable[..., Any]] = {
+    f.__name__: f for f in (where, dispatch.counts, cells.interrupt, stdin.answer)}
+MAIN: dict[str, Callable[..., Any]] = {
+    f.__name__: f for f in (data.assign_file, data.release, cells.run_cell)}
+
+
+def answer(request: bytes | Mapping[str, Any], served: Mapping[str, Callable[..., Any]],
+           server: str) -> Reply:
+    """The reply to ``request`` (JSON, or its decoded content) by ``served``'s call it names;
+    ``server`` names who refuses a call it does not serve (``the inbox``). A call's value may be
+    a future (a cell that awaits): ``answer_then`` waits for it."""
+    try:
+        call = json.loads(request) if isinstance(request, bytes) else request
+        function = served.get(call.get("call", ""))
+        if function is None:
+            raise KeyError(f"{server} serves no call {call.get('call')!r}")
+        return {"value": function(*call.get("args", []))}
+    except BaseException as e:  # KeyboardInterrupt too: the notebook gets an answer
+        return {"error": f"{type(e).__name__}: {e}"}
+
+
+def answer_then(request: bytes | Mapping[str, Any], served: Mapping[str, Callable[..., Any]],
+                server: str, send: Callable[[Reply], None]) -> None:
+    """Answer ``request`` on this thread, and hand ``send`` the reply: at once, or, for a cell
+    that awaits, when it ends."""
+    reply = answer(request, served, server)
+    if isinstance(reply.get("value"), asyncio.Future):
+        reply["value"].add_done_callback(lambda ended: send(_settled(ended)))
+    else:
+        send(reply)
+
+
+def _settled(ended: asyncio.Future) -> Reply:
+    try:
+        return {"value": ended.result()}
+    except BaseException as e:
+        return {"error": f"{type(e).__name__}: {e}"}
