@@ -281,9 +281,21 @@ def describe_jax() -> dict:
         "global_device_count": jax.device_count(),
         "local_device_ids": [d.id for d in local],
         "platform": local[0].platform if local else jax.default_backend(),
-        "jax_version": jax.__version__,
-        "features_off": dict(jax_internals.missing),  # what this JAX lacks the internals of
+        "features_off": features_off(),
     }
+
+
+def features_off() -> dict[str, str]:
+    """Each feature off because this JAX or IPython lacks its internals, with what it lacks:
+    ``jax 0.6.2 lacks jit's post hook (...): ...``."""
+    import jax
+
+    from . import ipython_internals
+
+    lacking = [(f"jax {jax.__version__}", jax_internals.missing),
+               (f"IPython {ipython_internals.version()}", ipython_internals.missing)]
+    return {feature: f"{library} lacks {why}"
+            for library, missing in lacking for feature, why in missing.items()}
 
 
 def device_records() -> list[dict]:
