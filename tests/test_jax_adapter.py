@@ -15,7 +15,7 @@ from jax._src.interpreters import pxla
 from jax._src.lib import _jax
 
 from jaxcluster.cluster import queries
-from jaxcluster.engine import dispatch, jax_internals, process, reads, scripts, shards, values
+from jaxcluster.engine import dispatch, jax_internals, reads, scripts, session, shards, values
 from tests.test_architecture import modules
 
 ADAPTER = "jaxcluster.engine.jax_internals"
@@ -134,7 +134,7 @@ def test_without_jax_distributed_state_the_shard_service_is_off(probed_afresh, m
     monkeypatch.delattr(distributed, "global_state")
     monkeypatch.setitem(shards._state, "addresses", {})
     assert jax_internals.coordination() is None
-    process._serve_shards("127.0.0.1")  # nothing served, nothing raised
+    session.EngineSession("127.0.0.1", None, None).serve_shards()  # nothing served or raised
     with pytest.raises(ConnectionError):
         shards._published(1)
     assert scripts.script_initialize_conflict("10.0.0.1:1234", None, None, None) is None

@@ -36,9 +36,8 @@ class JaxProcesses:
     # by process index: the machine it runs on (``engine.process.machine``), None: unknown
     machines: list[str | None] = field(default_factory=list)
     here: set[int] = field(default_factory=set)  # the processes on the notebook's machine
-    # what the engines' JAX lacks the internals of: feature -> why, and that JAX's version
+    # what the engines' JAX and IPython lack the internals of: feature -> which lacks what
     features_off: dict[str, str] = field(default_factory=dict)
-    jax_version: str = ""
 
 
 def initialize(
@@ -284,7 +283,7 @@ def _job(
     here = {i for i, m in enumerate(machines) if m is not None and m == mine}
     first = results[processes[0].engine_id]
     return JaxProcesses(processes, coordinator, inboxes, machines, here,
-                        first.get("features_off", {}), first.get("jax_version", ""))
+                        first.get("features_off", {}))
 
 
 def verified_processes(

@@ -75,8 +75,7 @@ class JaxCluster:
         # by process index: the machine it runs on (None: unknown); those on the notebook's
         self.machines: list[str | None] = []
         self.here: set[int] = set()
-        self.features_off: dict[str, str] = {}  # what the engines' JAX lacks, and why
-        self.jax_version = ""
+        self.features_off: dict[str, str] = {}  # what the engines' JAX or IPython lacks, and why
         # calls to the processes by index: inboxes here, back channels anywhere, ipyparallel
         self.calls = ProcessCalls()
         self._loop = LoopThread()
@@ -304,7 +303,7 @@ class JaxCluster:
         if self.startup_seconds is not None:
             line += f", ready in {self.startup_seconds:.1f} s"
         for feature, why in self.features_off.items():
-            line += f"\n{feature} is off: jax {self.jax_version} lacks {why}"
+            line += f"\n{feature} is off: {why}"
         return line
 
     def run(
@@ -439,7 +438,7 @@ class JaxCluster:
         self.processes = job.processes
         self.coordinator = job.coordinator
         self.machines, self.here = job.machines, job.here
-        self.features_off, self.jax_version = job.features_off, job.jax_version
+        self.features_off = job.features_off
         self.calls.close()
         self.calls = ProcessCalls(
             self._client, {p.process_index: p.engine_id for p in job.processes}, job.inboxes)

@@ -20,8 +20,7 @@ def main() -> None:
     iterates ``sys.modules`` while it starts, and a concurrent import breaks that.) A failed
     import is reported later, by ``initialize``, which imports jax again and gets the same error.
 
-    ipyparallel's MPI launcher adds ``--mpi``, which makes ipengine import mpi4py for its rank;
-    JAX needs no MPI and ``launch_rank`` reads the rank from the environment, so it is dropped.
+    ipyparallel's MPI launcher's ``--mpi`` is dropped (``ipyparallel_internals``).
 
     With ``--jaxcluster-fork`` this process imports all that once and forks the host's
     engines when the notebook asks (``forking.py``: how local and ssh engines start, one such
@@ -31,8 +30,6 @@ def main() -> None:
     # ipykernel leaves C-level output uncaptured under pytest, and an engine started from a
     # test (or from nbval's kernel) inherits pytest's variable: it is never pytest itself
     os.environ.pop("PYTEST_CURRENT_TEST", None)
-    if "--mpi" in sys.argv:
-        sys.argv.remove("--mpi")
     # the engines' variables arrive on stdin, and JAX reads some of them as it is imported
     fork = bootstrap.take_fork_arg()
     if fork:
@@ -42,7 +39,9 @@ def main() -> None:
     channel = forking.begin() if fork else None
     with contextlib.suppress(Exception):  # see above
         import jax  # noqa: F401
-    from . import imports
+    from . import imports, ipyparallel_internals
+
+    ipyparallel_internals.drop_mpi_flag()
 
     # an engine has no debug channel (ipyparallel gives it none); a failed import is
     # reported by ipyparallel, which imports it again
@@ -54,7 +53,7 @@ def main() -> None:
     # slow a start down
     sys.argv.append("--HistoryManager.hist_file=:memory:")
     with imports.entry_points_read_once():
-        from ipyparallel.engine.app import main as engine_main
+        engine_main = ipyparallel_internals.engine_main()
 
     if channel is not None:
         _import_what_every_engine_needs()
@@ -69,9 +68,10 @@ def _import_what_every_engine_needs() -> None:
     import importlib
     import pkgutil
 
-    import ipyparallel.engine.kernel  # noqa: F401
-
     from .. import engine
+    from . import ipyparallel_internals
+
+    ipyparallel_internals.import_engine_kernel()
 
     for module in pkgutil.iter_modules(engine.__path__, f"{engine.__name__}."):
         if not module.name.endswith("__main__"):

@@ -21,44 +21,29 @@ import threading
 import warnings
 from typing import Any
 
-from . import sigint
+from . import ipykernel_internals, ipython_internals, sigint
 
 LABEL_PREFIX = "jaxcluster-cell:"
-_installed = False
-_counts: dict[int, int] = {}
+_counts: dict[int, int] = {}  # the engine's execution count -> the notebook's
 # the cell (its request's msg_id) the main thread runs, and the last one interrupted
 _cells: dict[str, str | None] = {"running": None, "interrupted": None}
 _cells_lock = threading.Lock()
 
 
-def install() -> None:
-    global _installed
-    from IPython import get_ipython
-
-    shell = get_ipython()
-    if shell is None or _installed:
-        return
-    _installed = True
-    counts = _counts  # the engine's execution count -> the notebook's
-    compiler = shell.compile
-
-    def note_count() -> None:
-        # runs before the cell is compiled, once its count is taken and the counter moved on
-        kernel = getattr(shell, "kernel", None)
-        parent = kernel.get_parent("shell") if kernel is not None else {}
-        label = str((parent or {}).get("metadata", {}).get("label") or "")
-        if label.startswith(LABEL_PREFIX):
-            counts[shell.execution_count - 1] = int(label[len(LABEL_PREFIX):])
+def install(shell: Any) -> bool:
+    """Name cells by the notebook's numbers in ``shell``'s tracebacks and in warnings; False
+    where this IPython lacks what that takes (``ipython_internals.missing``)."""
+    names = ipython_internals.cell_names()
+    if names is None:
+        return False
 
     def notebook_count(filename: str) -> int | None:
-        number = compiler._filename_map.get(filename)
-        return None if number is None else counts.get(number, number)
+        number = names.execution_count(filename)
+        return None if number is None else _counts.get(number, number)
 
-    original_name = compiler.format_code_name
-
-    def format_code_name(name: str) -> tuple[str, str] | None:
-        number = notebook_count(name)
-        return original_name(name) if number is None else ("Cell", f"In[{number}]")
+    def name_cell(filename: str) -> tuple[str, str] | None:
+        number = notebook_count(filename)
+        return None if number is None else ("Cell", f"In[{number}]")
 
     original_warning = warnings.formatwarning
 
@@ -70,9 +55,19 @@ def install() -> None:
             return text
         return text.replace(f"{filename}:{lineno}:", f"In [{number}], line {lineno}:", 1)
 
-    shell.events.register("pre_execute", note_count)
-    compiler.format_code_name = format_code_name
+    names.name_cells(name_cell)
     warnings.formatwarning = formatwarning
+    return True
+
+
+def new_cell(shell: Any) -> None:
+    """Note the notebook's number of the cell that starts: before it is compiled, once its
+    count is taken and the counter moved on."""
+    kernel = getattr(shell, "kernel", None)
+    parent = ipykernel_internals.request_parent(kernel) if kernel is not None else {}
+    label = str(parent.get("metadata", {}).get("label") or "")
+    if label.startswith(LABEL_PREFIX):
+        _counts[shell.execution_count - 1] = int(label[len(LABEL_PREFIX):])
 
 
 def run_cell(code: str, parent: dict[str, Any]) -> bool | asyncio.Future[bool]:
@@ -91,7 +86,7 @@ def run_cell(code: str, parent: dict[str, Any]) -> bool | asyncio.Future[bool]:
 
     shell = get_ipython()
     kernel = shell.kernel
-    kernel.set_parent([], parent, "shell")
+    ipykernel_internals.adopt_request(kernel, parent)
     stdin.take_over(parent)
     if not _started(kernel, parent["header"]["msg_id"]):
         shell.showtraceback((KeyboardInterrupt, KeyboardInterrupt(), None), exception_only=True)
@@ -127,7 +122,7 @@ def _started(kernel: Any, msg_id: str) -> bool:
     with _cells_lock:
         if _cells["interrupted"] == msg_id:
             return False
-        kernel.pre_handler_hook()  # keeps the handler between requests, to put back at the end
+        ipykernel_internals.take_sigint(kernel)
         sigint.cell_started()
         _cells["running"] = msg_id
         return True
@@ -171,7 +166,7 @@ def _end(kernel: Any, parent: dict[str, Any]) -> None:
     """The cell is done: SIGINT is ignored again, as between requests; its messages end."""
     with _cells_lock:
         sigint.cell_ended()
-        kernel.post_handler_hook()
+        ipykernel_internals.give_back_sigint(kernel)
         _cells["running"] = None
     _publish_idle(kernel, parent)
 
@@ -179,5 +174,4 @@ def _end(kernel: Any, parent: dict[str, Any]) -> None:
 def _publish_idle(kernel: Any, parent: dict[str, Any]) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
-    kernel.session.send(kernel.iopub_socket, "status", {"execution_state": "idle"},
-                        parent=parent, ident=f"kernel.{kernel.ident}.status".encode())
+    ipykernel_internals.publish(kernel, "status", {"execution_state": "idle"}, parent)

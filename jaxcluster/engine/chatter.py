@@ -19,6 +19,8 @@ import re
 import select
 import threading
 
+from . import ipykernel_internals
+
 DELAY = 0.02  # s of quiet after which bytes that might still become gloo's are passed on
 FORGET = 1.0  # s of quiet after which messages under way are given up (their writer is gone)
 # gloo's fixed pieces, in order; a number follows the 1st, 2nd and 4th, a newline the last number
@@ -117,9 +119,7 @@ class GlooFilter:
 
 def install() -> None:
     """On an engine, filter gloo's chatter out of fds 1 and 2; elsewhere, or again, nothing."""
-    from IPython import get_ipython
-
-    if getattr(get_ipython(), "kernel", None) is not None:
+    if ipykernel_internals.kernel() is not None:
         for fd in (1, 2):
             filter_fd(fd)
 

@@ -181,20 +181,11 @@ def release(token: str) -> None:
         _namespace()[name] = before
 
 
-def settle(*_: Any) -> None:
-    """Forget the values pushes replaced here. Runs before each cell (IPython's
-    ``pre_run_cell``) and each push: the notebook sends neither while a push is under way, and
+def settle() -> None:
+    """Forget the values pushes replaced here. Runs before each cell (``session``'s per-cell
+    hook) and each push: the notebook sends neither while a push is under way, and
     one that failed anywhere sent ``release`` first."""
     _replaced.clear()
-
-
-def install() -> None:
-    """Settle before every cell of this engine."""
-    from IPython import get_ipython
-
-    shell = get_ipython()
-    if shell is not None and settle not in shell.events.callbacks["pre_run_cell"]:
-        shell.events.register("pre_run_cell", settle)
 
 
 # -- push ----------------------------------------------------------------------------------

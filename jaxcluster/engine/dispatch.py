@@ -151,7 +151,6 @@ def install() -> bool:
     hooks.execute_replicated.__call__ = counted_slow
     hooks.set_post_hook(counted_fast)
     _state.update(installed=True, restore=(hooks, original_call))
-    _on_every_cell()
     new_cell()
     return True
 
@@ -166,14 +165,14 @@ def uninstall() -> None:
     _state["installed"] = False
     _slow.clear()
     _fast.clear()
-    shell = _shell()
-    if shell is not None and new_cell in shell.events.callbacks["pre_run_cell"]:
-        shell.events.unregister("pre_run_cell", new_cell)
     _state["latest"] = None
 
 
-def new_cell(*_: Any) -> None:
-    """Forget the counts: a new cell starts (IPython's ``pre_run_cell`` event)."""
+def new_cell() -> None:
+    """Forget the counts: a new cell starts (``session``'s per-cell hook); nothing where no
+    record is kept."""
+    if not _state["installed"]:
+        return
     _state["cell"] += 1
     _state["latest"] = None
     for program in _active:
@@ -204,20 +203,6 @@ def counts() -> dict[str, Any]:
         "programs": {p.key: (p.name[:80], format_ranges(p.processes), p.devices)
                      for p in programs},
     }
-
-
-def _shell() -> Any:
-    try:
-        from IPython import get_ipython
-    except ImportError:
-        return None
-    return get_ipython()
-
-
-def _on_every_cell() -> None:
-    shell = _shell()
-    if shell is not None:
-        shell.events.register("pre_run_cell", new_cell)
 
 
 def _slow_program(call: Any) -> Program | None:

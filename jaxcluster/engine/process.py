@@ -6,7 +6,6 @@ import this module from the same installation; keep it free of client state.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import ipaddress
 import os
@@ -282,9 +281,21 @@ def describe_jax() -> dict:
         "global_device_count": jax.device_count(),
         "local_device_ids": [d.id for d in local],
         "platform": local[0].platform if local else jax.default_backend(),
-        "jax_version": jax.__version__,
-        "features_off": dict(jax_internals.missing),  # what this JAX lacks the internals of
+        "features_off": features_off(),
     }
+
+
+def features_off() -> dict[str, str]:
+    """Each feature off because this JAX or IPython lacks its internals, with what it lacks:
+    ``jax 0.6.2 lacks jit's post hook (...): ...``."""
+    import jax
+
+    from . import ipython_internals
+
+    lacking = [(f"jax {jax.__version__}", jax_internals.missing),
+               (f"IPython {ipython_internals.version()}", ipython_internals.missing)]
+    return {feature: f"{library} lacks {why}"
+            for library, missing in lacking for feature, why in missing.items()}
 
 
 def device_records() -> list[dict]:
@@ -316,51 +327,9 @@ def jax_state() -> dict | None:
 def _install_hooks(
     inbox_dir: str | None = None, address: str | None = None, gpus: list[int] | None = None
 ) -> str | None:
-    """gloo's chatter kept off fds 1 and 2, the sharding display, the notebook's cell numbers,
-    global arrays' values in printouts and their numbers read from the owners (served on
-    ``address``), the dispatch record that tells a hang from slow work, the back channel that
-    reports it, stdin asked of the notebook, the inbox of a notebook on this host (in
-    ``inbox_dir``; its path is returned), forgetting what a push replaced once the next
-    cell runs, and a script's own ``jax.distributed.initialize`` (``gpus``: this process's)."""
-    from . import backchannel, cells, chatter, data, dispatch, inbox, reads, scripts, stdin, values
-    from .sharding import install as install_sharding_display
+    """This engine's session (``session.py``: its hooks, in their order), with its shards
+    served on ``address`` and ``gpus`` the GPUs this process was given; the path of the inbox
+    opened in ``inbox_dir``, for a notebook on this host."""
+    from . import session
 
-    chatter.install()
-    install_sharding_display()
-    cells.install()
-    values.install()
-    reads.install()
-    _serve_shards(address)
-    dispatch.install()
-    backchannel.install()
-    stdin.install()
-    data.install()
-    scripts.install(gpus)
-    return inbox.open_inbox(inbox_dir) if inbox_dir else None
-
-
-def _serve_shards(address: str | None) -> None:
-    """Serve this process's shards to the others' reads (``shards.py``), on ``address``, or
-    where the coordinator is reached from, signed with the cluster's key."""
-    from . import shards
-
-    state = jax_internals.coordination()
-    if state is None or state.client is None or state.process_id is None:
-        return
-    if address is None:
-        address = _address_towards(state.coordinator_address or "127.0.0.1:0")
-    key = b""
-    with contextlib.suppress(ImportError, AttributeError):
-        from IPython import get_ipython
-
-        key = get_ipython().kernel.session.key
-    shards.serve(address, key, state.process_id, state.client, machine(host_facts()))
-
-
-def _address_towards(target: str) -> str:
-    """This host's address on the route to ``target`` (host:port); loopback where none."""
-    host = target.rsplit(":", 1)[0].strip("[]")
-    with contextlib.suppress(OSError), socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.connect((socket.gethostbyname(host), 9))  # UDP: picks the route, sends nothing
-        return str(s.getsockname()[0])
-    return "127.0.0.1"
+    return session.start(inbox_dir, address, gpus, machine(host_facts()))

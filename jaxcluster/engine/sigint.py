@@ -21,6 +21,8 @@ import time
 import types
 from typing import Any
 
+from . import ipython_internals
+
 RESEND_EVERY = 0.02  # seconds between looks while a press waits for the cell's code
 LOST_AFTER = 0.1  # seconds after which a signal Python has not handled is sent again
 RESEND_FOR = 2.0  # seconds a press waits for the code (the notebook calls it stuck after 3)
@@ -62,18 +64,14 @@ def handler(signum: int, frame: Any) -> None:
 
 
 def keyboard_interrupt() -> KeyboardInterrupt:
-    """The ``KeyboardInterrupt`` a SIGINT handler raises: IPython shows its traceback (through
-    ``_render_traceback_``) without the handler's frame, ending in the cell's code as under
-    Python's own handler."""
+    """The ``KeyboardInterrupt`` a SIGINT handler raises: IPython shows its traceback without
+    the handler's frame, ending in the cell's code as under Python's own handler."""
     interrupt = KeyboardInterrupt()
-    # IPython's hook for an exception's traceback (mypy knows no such attribute)
-    setattr(interrupt, "_render_traceback_", functools.partial(_traceback, interrupt))  # noqa: B010
+    ipython_internals.render_traceback_with(interrupt, functools.partial(_traceback, interrupt))
     return interrupt
 
 
 def _traceback(interrupt: KeyboardInterrupt) -> list[str]:
-    from IPython import get_ipython
-
     entries = []
     entry = interrupt.__traceback__
     while entry is not None:
@@ -82,7 +80,7 @@ def _traceback(interrupt: KeyboardInterrupt) -> list[str]:
     rebuilt = None
     for entry in reversed(entries[:-1]):  # the last is the handler that raised it
         rebuilt = types.TracebackType(rebuilt, entry.tb_frame, entry.tb_lasti, entry.tb_lineno)
-    return get_ipython().InteractiveTB.structured_traceback(KeyboardInterrupt, interrupt, rebuilt)
+    return ipython_internals.structured_traceback(KeyboardInterrupt, interrupt, rebuilt)
 
 
 def _signal_until_delivered(number: int) -> None:
@@ -111,11 +109,4 @@ def _signal_main_thread() -> None:
 
 def in_code(frame: Any) -> bool:
     """Whether ``frame`` runs inside IPython's ``run_code``: the cell's own code."""
-    from IPython.core.interactiveshell import InteractiveShell
-
-    code = InteractiveShell.run_code.__code__
-    while frame is not None:
-        if frame.f_code is code:
-            return True
-        frame = frame.f_back
-    return False
+    return ipython_internals.in_cell_code(frame)

@@ -22,15 +22,13 @@ import contextlib
 import gc
 import getpass
 import io
-import re
 import sys
 import threading
 import uuid
 from typing import Any
 
 from ..render.cell import DEBUGGER_PROMPTS
-
-CELL_FILE = re.compile(r"/ipykernel_\d+/\d+\.py$")  # where IPython compiles a cell's code
+from . import ipykernel_internals
 
 REQUEST = "jaxcluster_input_request"
 POLL = 0.2  # seconds between looks at the answer: a pending SIGINT is raised meanwhile
@@ -45,15 +43,12 @@ class _LeaveDebugger(BaseException):
     the shell shows it as the KeyboardInterrupt it stands for (``install``)."""
 
 
-def install() -> None:
+def install(shell: Any) -> None:
     """Make every read of stdin on this engine ask the notebook."""
-    from IPython import get_ipython
-
     builtins.input = ask
     getpass.getpass = _ask_secret
     sys.stdin = _Stdin()
     _debug_the_cell_only()
-    shell = get_ipython()
     if shell is not None:
         shell.set_custom_exc((_LeaveDebugger,), _show_as_interrupt)
 
@@ -92,7 +87,8 @@ def _debug_the_cell_only() -> None:
         original(self, frame)
         outermost, above = None, (frame or sys._getframe().f_back)
         while above is not None:
-            if CELL_FILE.search(above.f_code.co_filename):
+            # a pattern's search, not a function of ours: the debugger traces calls from here
+            if ipykernel_internals.CELL_FILE.search(above.f_code.co_filename):
                 outermost = above
             above = above.f_back
         if outermost is None:
@@ -138,10 +134,9 @@ def answer(request_id: str, value: str | None, error: str | None = None) -> bool
 def ask(prompt: object = "", secret: bool = False) -> str:
     """``input(prompt)``, answered from the notebook."""
     __tracebackhide__ = True  # IPython leaves these frames out of the user's tracebacks
-    from IPython import get_ipython
     from IPython.core.error import StdinNotImplementedError
 
-    kernel = get_ipython().kernel
+    kernel = ipykernel_internals.kernel()
     with contextlib.suppress(Exception):  # what was printed before the prompt comes first
         sys.stdout.flush()
         sys.stderr.flush()
@@ -150,10 +145,9 @@ def ask(prompt: object = "", secret: bool = False) -> str:
     with _lock:
         _waiting[request_id] = waiter
     text = str(prompt)
-    kernel.session.send(kernel.iopub_socket, REQUEST,
-                        {"id": request_id, "prompt": text, "password": secret},
-                        parent=_state["parent"] or kernel.get_parent("shell"),
-                        ident=f"kernel.{kernel.ident}.{REQUEST}".encode())
+    ipykernel_internals.publish(
+        kernel, REQUEST, {"id": request_id, "prompt": text, "password": secret},
+        _state["parent"] or ipykernel_internals.request_parent(kernel))
     _state["asking"] = text
     try:
         while not waiter["event"].wait(POLL):

@@ -105,11 +105,10 @@ def install() -> bool:
             hooks.patch_maker(name, _numbering(getattr(jax, name)))
     dispatch.output_planners.append(_plan_numbering)
     _state["installed"] = True
-    _on_every_cell()
     return True
 
 
-def new_cell(*_: Any) -> None:
+def new_cell() -> None:
     """A new cell: numbering starts again, and what was printed is forgotten."""
     with _changed:
         _state["cell"] += 1
@@ -120,16 +119,6 @@ def new_cell(*_: Any) -> None:
         _served.clear()
         _changed.notify_all()
     _printed.clear()
-
-
-def _on_every_cell() -> None:
-    with contextlib.suppress(ImportError):
-        from IPython import get_ipython
-
-        shell = get_ipython()
-        if shell is not None:
-            shell.events.register("pre_run_cell", new_cell)
-            shell.events.register("post_run_cell", _cell_ended)
 
 
 # -- numbering -------------------------------------------------------------------------------
@@ -297,7 +286,8 @@ def served(key: str) -> None:
                 del _pinned[key]
 
 
-def _cell_ended(*_: Any) -> None:
+def cell_ended() -> None:
+    """The cell ended: owners stop waiting for arrays it did not make."""
     with _changed:
         _state["ended"] = _state["cell"]
         _changed.notify_all()

@@ -1,0 +1,57 @@
+"""The ipykernel adapter: what the engine does as ipykernel does inside its own request
+handling, here alone: a cell run as a request's would be (its parent, the SIGINT handler kept
+between requests), messages published on iopub under a request's header, and where ipykernel
+compiles a cell's code. None of it is probed: without it no cell of jaxcluster's runs, and the
+cell's error says why. Elsewhere the engine uses the kernel's public attributes (``session``,
+``ident``, ``io_loop``); the back channel and the inbox keep their own (``backchannel.py``,
+``inbox.py``).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+# the file ipykernel compiles a cell's code into (its ``XCachingCompiler``: a folder per kernel)
+CELL_FILE = re.compile(r"/ipykernel_\d+/\d+\.py$")
+
+
+def kernel() -> Any:
+    """The engine's kernel; None outside one (or without IPython)."""
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return None
+    return getattr(get_ipython(), "kernel", None)
+
+
+def adopt_request(kernel: Any, parent: dict[str, Any]) -> None:
+    """What the cell publishes goes out under ``parent``, as for a request of the kernel's."""
+    kernel.set_parent([], parent, "shell")
+
+
+def request_parent(kernel: Any) -> dict[str, Any]:
+    """The header of the request the kernel serves now."""
+    return kernel.get_parent("shell") or {}
+
+
+def take_sigint(kernel: Any) -> None:
+    """As a request starts: the handler kept between requests is put aside, to come back at
+    ``give_back_sigint``."""
+    kernel.pre_handler_hook()
+
+
+def give_back_sigint(kernel: Any) -> None:
+    kernel.post_handler_hook()
+
+
+def publish(kernel: Any, msg_type: str, content: dict[str, Any], parent: dict[str, Any]) -> None:
+    """A message on iopub under ``parent``, with the topic ipykernel gives its own."""
+    kernel.session.send(kernel.iopub_socket, msg_type, content, parent=parent,
+                        ident=f"kernel.{kernel.ident}.{msg_type}".encode())
+
+
+def session_key() -> bytes:
+    """The key the cluster's messages are signed with (empty outside a kernel)."""
+    found = kernel()
+    return b"" if found is None else bytes(found.session.key)

@@ -1,0 +1,121 @@
+"""The IPython adapter: every use of IPython's internals on the engine is here, probed once, as
+``jax_internals`` does for JAX. A probe returns what one feature needs, or None where this
+IPython lacks it: that feature is then off, ``missing`` says which and why (the line the engine
+prints at start), and the rest works. Elsewhere the engine uses IPython's public API
+(``get_ipython()``, ``shell.events``, ``run_cell``). The patch of IPython made through it:
+
+- the shell's compiler's ``format_code_name`` (``cells``: the notebook's cell numbers in
+  tracebacks).
+
+Also here: IPython's ``_render_traceback_`` protocol and the frame of ``run_code`` that tells a
+cell's own code from IPython's callbacks (``sigint``).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import CodeType
+from typing import Any, TypeVar
+
+missing: dict[str, str] = {}  # feature -> what this IPython lacks
+Found = TypeVar("Found")
+
+
+def _probed(feature: str, lacks: str, consequence: str
+            ) -> Callable[[Callable[[], Found]], Callable[[], Found | None]]:
+    """A probe, run once: where it meets an ImportError or AttributeError, ``feature`` is off
+    (None), and ``missing`` says that this IPython ``lacks`` something, with the
+    ``consequence``."""
+
+    def probe(find: Callable[[], Found]) -> Callable[[], Found | None]:
+        @functools.cache
+        @functools.wraps(find)
+        def found() -> Found | None:
+            try:
+                return find()
+            except (ImportError, AttributeError) as e:
+                missing[feature] = f"{lacks} ({e}): {consequence}"
+                return None
+
+        return found
+
+    return probe
+
+
+def version() -> str:
+    import IPython
+
+    return str(IPython.__version__)
+
+
+# -- the notebook's cell numbers (``cells``) --------------------------------------------------
+
+@dataclass(frozen=True)
+class CellNames:
+    """The shell's compiler: the execution count a code's file name was compiled for, and
+    how a traceback names a cell."""
+
+    compiler: Any
+
+    def execution_count(self, filename: str) -> int | None:
+        number = self.compiler._filename_map.get(filename)
+        return None if number is None else int(number)
+
+    def name_cells(self, name: Callable[[str], tuple[str, str] | None]) -> None:
+        """``name(filename)`` names a cell in tracebacks, as ``("Cell", "In[7]")``; where it
+        gives None, IPython's own name stays."""
+        original = self.compiler.format_code_name
+
+        def format_code_name(filename: str) -> tuple[str, str] | None:
+            return name(filename) or original(filename)
+
+        self.compiler.format_code_name = format_code_name
+
+
+@_probed("the notebook's cell numbers", "the shell's compiler map",
+         "tracebacks and warnings name each engine's own cell numbers")
+def cell_names() -> CellNames:
+    from IPython import get_ipython
+
+    compiler = get_ipython().compile
+    compiler._filename_map.get  # noqa: B018 - the probe: the map IPython keeps of its cells
+    compiler.format_code_name  # noqa: B018
+    return CellNames(compiler)
+
+
+# -- the stop button (``sigint``) ---------------------------------------------------------------
+
+@_probed("interrupts in the cell's code alone", "InteractiveShell.run_code",
+         "a KeyboardInterrupt may land in IPython's callbacks around a cell")
+def _run_code() -> CodeType:
+    from IPython.core.interactiveshell import InteractiveShell
+
+    return InteractiveShell.run_code.__code__
+
+
+def in_cell_code(frame: Any) -> bool:
+    """Whether ``frame`` runs inside IPython's ``run_code``: the cell's own code (every frame
+    counts as the cell's where this IPython lacks it)."""
+    code = _run_code()
+    if code is None:
+        return True
+    while frame is not None:
+        if frame.f_code is code:
+            return True
+        frame = frame.f_back
+    return False
+
+
+def render_traceback_with(error: BaseException, render: Callable[[], list[str]]) -> None:
+    """IPython shows ``error``'s traceback as ``render`` draws it (its ``_render_traceback_``
+    hook; mypy knows no such attribute)."""
+    setattr(error, "_render_traceback_", render)  # noqa: B010
+
+
+def structured_traceback(etype: type, value: BaseException, tb: Any) -> list[str]:
+    """The traceback as the engine's shell draws it, one entry a string."""
+    from IPython import get_ipython
+
+    return list(get_ipython().InteractiveTB.structured_traceback(etype, value, tb))

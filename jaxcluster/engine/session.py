@@ -1,0 +1,148 @@
+"""The engine's session: every hook jaxcluster puts into an engine's process (into JAX, IPython,
+ipykernel and the standard library), installed once, in the order ``PARTS`` declares, and one
+per-cell hook, which tells the parts of each cell's start and end in that same order.
+
+A part whose internals this JAX or IPython lacks stays out (``jax_internals.missing``,
+``ipython_internals.missing`` say why); the others go in. ``docs/architecture.md`` lists what
+each part patches and which thread runs what.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from . import (
+    backchannel,
+    cells,
+    chatter,
+    data,
+    dispatch,
+    inbox,
+    ipykernel_internals,
+    jax_internals,
+    reads,
+    scripts,
+    sharding,
+    shards,
+    stdin,
+    values,
+)
+
+
+@dataclass(frozen=True)
+class Part:
+    """One concern's hooks: ``install`` puts them in; ``new_cell`` and ``cell_ended`` run as
+    every cell starts (IPython's ``pre_run_cell``) and ends (``post_run_cell``)."""
+
+    name: str
+    install: Callable[[EngineSession], object]
+    new_cell: Callable[[EngineSession], None] | None = None
+    cell_ended: Callable[[EngineSession], None] | None = None
+
+
+class EngineSession:
+    """This engine's hooks, installed once (``start``). ``address``: where this process
+    serves its shards; ``gpus``: the GPUs it was given, if not all it sees; ``machine``: what
+    tells its machine from another (``process.machine``)."""
+
+    def __init__(self, address: str | None, gpus: list[int] | None, machine: str | None
+                 ) -> None:
+        self.address, self.gpus, self.machine = address, gpus, machine
+        self.shell = _shell()
+
+    def install(self) -> None:
+        for part in PARTS:
+            part.install(self)
+
+    def hook_cells(self) -> None:
+        """One callback per event of IPython's, calling the parts in ``PARTS``' order."""
+        if self.shell is not None:
+            self.shell.events.register("pre_run_cell", self.new_cell)
+            self.shell.events.register("post_run_cell", self.cell_ended)
+
+    def new_cell(self, *_: Any) -> None:
+        for step in STARTING_A_CELL:
+            step(self)
+
+    def cell_ended(self, *_: Any) -> None:
+        for step in ENDING_A_CELL:
+            step(self)
+
+    def serve_shards(self) -> None:
+        """Serve this process's shards to the others' reads (``shards.py``), on ``address``,
+        or where the coordinator is reached from, signed with the cluster's key."""
+        state = jax_internals.coordination()
+        if state is None or state.client is None or state.process_id is None:
+            return
+        address = self.address or _address_towards(state.coordinator_address or "127.0.0.1:0")
+        shards.serve(address, ipykernel_internals.session_key(), state.process_id,
+                     state.client, self.machine)
+
+
+def _shell() -> Any:
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return None
+    return get_ipython()
+
+
+def _address_towards(target: str) -> str:
+    """This host's address on the route to ``target`` (host:port); loopback where none."""
+    host = target.rsplit(":", 1)[0].strip("[]")
+    with contextlib.suppress(OSError), socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.connect((socket.gethostbyname(host), 9))  # UDP: picks the route, sends nothing
+        return str(s.getsockname()[0])
+    return "127.0.0.1"
+
+
+def _with_shell(install: Callable[[Any], object]) -> Callable[[EngineSession], object]:
+    return lambda session: session.shell is not None and install(session.shell)
+
+
+# The order, and why. The per-cell steps run in it too.
+PARTS = (
+    # first: gloo writes to fds 1 and 2 from C as its backends connect, at the first collective
+    Part("gloo's chatter", lambda _: chatter.install()),
+    Part("sharding pictures", lambda _: sharding.install()),
+    # the notebook's cell number is noted before any other step of a cell, whose warnings and
+    # tracebacks then name it
+    Part("cell numbers", _with_shell(cells.install),
+         new_cell=lambda session: cells.new_cell(session.shell)),
+    # numbering before the dispatch record: it plans what numbers each program's outputs
+    # (``dispatch.output_planners``), asked at a program's first call
+    Part("global values", lambda _: values.install(),
+         new_cell=lambda _: values.new_cell(), cell_ended=lambda _: values.cell_ended()),
+    # reads name arrays to their owners by values' numbers; the shards are served once reads
+    # can ask for them
+    Part("global reads", lambda _: reads.install()),
+    Part("shard service", EngineSession.serve_shards),
+    Part("dispatch record", lambda _: dispatch.install(), new_cell=lambda _: dispatch.new_cell()),
+    # on the control thread from here on: it reports the record above, answers stdin below
+    Part("back channel", lambda _: backchannel.install()),
+    Part("stdin", lambda session: stdin.install(session.shell)),
+    Part("pushes settled", lambda _: None, new_cell=lambda _: data.settle()),
+    Part("a script's initialize", lambda session: scripts.install(session.gpus)),
+    # last: the per-cell hook, once every part it calls is in
+    Part("per-cell hook", EngineSession.hook_cells),
+)
+STARTING_A_CELL = [part.new_cell for part in PARTS if part.new_cell is not None]
+ENDING_A_CELL = [part.cell_ended for part in PARTS if part.cell_ended is not None]
+
+_session: list[EngineSession] = []  # this engine's, once started
+
+
+def start(inbox_dir: str | None = None, address: str | None = None,
+          gpus: list[int] | None = None, machine: str | None = None) -> str | None:
+    """Install this engine's hooks, once; open the inbox of a notebook on this host (in
+    ``inbox_dir``) and return its path. The inbox opens after every hook is in: the notebook
+    sends cells through it as soon as it knows the path."""
+    if not _session:
+        session = EngineSession(address, gpus, machine)
+        session.install()
+        _session.append(session)
+    return inbox.open_inbox(inbox_dir) if inbox_dir else None
