@@ -11,6 +11,8 @@ import time
 
 import pytest
 
+from jaxcluster.cells.health_reports import CellReports
+from jaxcluster.cells.results import ProcessOutput, SPMDResult
 from jaxcluster.cluster.health_feed import THREAD_NAME, HealthFeed
 from jaxcluster.contracts import HealthSnapshot, ProcessHealth
 from jaxcluster.errors import NoClusterError
@@ -53,6 +55,24 @@ def test_a_feed_delivers_immutable_snapshots_until_unsubscribed() -> None:
     feed.close()
     assert feed.snapshot().processes == ()
     assert feed.subscribe(got.append)() is None and len(got) == 3
+
+
+def test_a_watchers_report_names_what_each_process_waits_on() -> None:
+    feed = HealthFeed()
+    feed.reset(range(5))
+    reports = CellReports(feed, cell=4)
+    procs = [ProcessOutput(0, state="done", stdout="a\nlast\n"),
+             ProcessOutput(1, asking="(Pdb) "), ProcessOutput(2, asking="name? "),
+             ProcessOutput(3, program="jit(step)", stdout="out\n", stderr="warn\n"),
+             ProcessOutput(4, state="died", reason="died (signal 9)")]
+    reports.report(SPMDResult(procs))
+    rows = feed.snapshot().processes
+    assert [r.state for r in rows] == ["idle", "debugging", "asking", "waiting", "dead"]
+    assert rows[0].last_line == "last" and rows[0].cell is None
+    assert rows[1].prompt == "(Pdb) " and rows[1].cell == 4 and rows[3].program == "jit(step)"
+    procs[3].stdout += "later\n"  # the stream that grew last gives the line
+    reports.report(SPMDResult(procs))
+    assert feed.snapshot().processes[3].last_line == "later"
 
 
 def test_idle_after_start_then_a_cell_on_process_1_only_running(cluster) -> None:
