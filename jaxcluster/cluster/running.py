@@ -62,6 +62,7 @@ class RunningCluster:
     def take(self, job: distributed.JaxProcesses) -> None:
         """The processes of a start or restart: calls to them, a view, the feed polling them."""
         assert self.client is not None
+        self._stop_polling()
         self.processes = job.processes
         self.coordinator = job.coordinator
         self.machines, self.here = job.machines, job.here
@@ -71,7 +72,6 @@ class RunningCluster:
             self.client, {p.process_index: p.engine_id for p in job.processes}, job.inboxes)
         self.view = self.client[[p.engine_id for p in job.processes]]
         self.view.block = False
-        self._stop_polling()
         self.feed.reset(p.process_index for p in job.processes)
         self._poller = Poller(self.feed, self._look)
 
