@@ -208,11 +208,10 @@ class JaxCluster:
         deadline = bringup.deadline_for(self.options)
         self.options.check_fits()  # before anything starts
         synced = self._checked_sync()
-        running = self._running = RunningCluster(
-            self.options.launcher, tempfile.mkdtemp(prefix="jaxcluster-"))
+        work_dir = tempfile.mkdtemp(prefix="jaxcluster-")
+        running = self._running = RunningCluster(self.options.launcher, work_dir)
         try:
-            assert running.work_dir is not None
-            launched = running.launched = bringup.plan(self.options, running.work_dir)
+            launched = running.launched = bringup.plan(self.options, work_dir)
             self.cluster_id = launched.ipp_cluster.cluster_id
             bringup.start_controller(launched, self.options, self._loop, deadline, progress)
             bringup.stop_at_exit(self)
