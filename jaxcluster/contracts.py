@@ -1,4 +1,5 @@
-"""What the folders agree on: the records of a cluster's processes and of a start's progress.
+"""What the folders agree on: the records of a cluster's processes, of their health and of a
+start's progress.
 
 Plain records that import nothing of the package, so that every folder may use them.
 """
@@ -33,3 +34,36 @@ class ProcessInfo:
 @dataclass(frozen=True)
 class ProcessStatus(ProcessInfo):
     state: str  # "idle", "busy" or "dead"
+
+
+# what a process is doing, as the health feed says it
+IDLE, RUNNING, WAITING, ASKING, DEBUGGING, DEAD = (
+    "idle", "running", "waiting", "asking", "debugging", "dead")
+
+
+@dataclass(frozen=True)
+class ProcessHealth:
+    """One process in the health feed: ``state`` is ``IDLE``, ``RUNNING`` (cell ``cell``),
+    ``WAITING`` (in the multi-process program ``program``), ``ASKING`` for input or
+    ``DEBUGGING`` (``prompt``), or ``DEAD`` (``reason``), since ``since`` (``time.time()``)."""
+
+    process_index: int
+    state: str = IDLE
+    cell: int | None = None  # the notebook's execution count of the cell it runs, if known
+    since: float = 0.0
+    program: str = ""
+    prompt: str = ""
+    reason: str = ""
+    last_line: str = ""  # its latest line of output in the cell it runs or ran last
+    rss: int | None = None  # bytes of memory resident on its host; None: not known here
+
+
+@dataclass(frozen=True)
+class HealthSnapshot:
+    """Every process's health at one moment (``taken``, ``time.time()``), in process order."""
+
+    processes: tuple[ProcessHealth, ...] = ()
+    taken: float = 0.0
+
+    def states(self) -> dict[int, str]:
+        return {p.process_index: p.state for p in self.processes}

@@ -6,11 +6,18 @@ façade imports them, so depending on a ``Protocol`` keeps the imports one-way.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from ..contracts import ProcessInfo, Progress
+    from ..contracts import ProcessHealth, ProcessInfo, Progress
     from .process_calls import ProcessCalls
+
+
+class HealthReports(Protocol):
+    """The part of the running cluster's health feed that a cell's watcher publishes to."""
+
+    def report_cell(self, activity: Mapping[int, ProcessHealth]) -> None: ...
 
 
 class ClusterHandle(Protocol):
@@ -27,6 +34,9 @@ class ClusterHandle(Protocol):
 
     @property
     def view(self) -> Any: ...  # ipyparallel.DirectView over all engines, in process order
+
+    @property
+    def health_feed(self) -> HealthReports: ...
 
     def dead_processes(self) -> dict[int, str]: ...
 

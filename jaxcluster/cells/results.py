@@ -26,6 +26,7 @@ class ProcessOutput:
     stack: str = ""  # the Python stack of a stuck process
     where: str = ""  # where a running process was last seen: "cell line 3"
     asking: str = ""  # the prompt of the input (or debugger) it waits on an answer to
+    program: str = ""  # the multi-process program it was last seen waiting in
 
 
 @dataclass

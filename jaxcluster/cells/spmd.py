@@ -23,6 +23,7 @@ from ..errors import UNKNOWN_ERROR, remote_error
 from ..render.labels import process_label
 from . import asks, evidence, global_values, hang, interrupts, requests
 from .handle import ClusterHandle
+from .health_reports import CellReports
 from .live import Relay
 from .results import ProcessOutput, SPMDResult
 
@@ -72,15 +73,19 @@ def run(
     result.live = Relay(chosen)
     result.timeout = timeout
     began = time.monotonic()
+    reports = CellReports(cluster.health_feed, cell_number)
     with interrupts.held() as press:
         cell = requests.submit(cluster, code, label, result.live, chosen)
-        watcher = _Watcher(cluster, cell, result, began, timeout, hang_after, press, on_input)
+        reports.report(result)
+        watcher = _Watcher(cluster, cell, result, began, timeout, hang_after, press, reports,
+                           on_input)
         try:
             watcher.watch(on_update)
         except KeyboardInterrupt:  # pressed while the front end was asked for input
             watcher.stop_running("interrupt")
         finally:
             cell.close()
+            reports.report(result)  # before a restart, which gives the feed new processes
     result.elapsed = time.monotonic() - began
     idle = not any(p.state in ("running", "stuck", "died") for p in result.processes)
     view = cluster.view if not result.outside else cluster.client[
@@ -121,9 +126,11 @@ class _Watcher:
         timeout: float | None,
         hang_after: float,
         press: interrupts.Press,
+        reports: CellReports,
         on_input: asks.Ask | None = None,
     ) -> None:
         self.cluster = cluster
+        self.reports = reports
         self.on_input = on_input
         self.press = press
         self.cell = cell
@@ -152,6 +159,7 @@ class _Watcher:
         while True:
             now = time.monotonic()
             self._collect(self.cell.metadata())
+            self._report()
             if self.press.pressed.is_set():  # the stop button (``interrupts``)
                 self.stop_running("interrupt")
                 return
@@ -185,13 +193,18 @@ class _Watcher:
             return False
         for index, prompt in waiting.items():
             self.procs[index].asking = prompt
+        self._report()
         if on_update is not None:
             on_update(self.result)  # the status line says who waits, before the prompt
         with self.press.released():  # the stop button ends the front end's wait for input
             reads.answer(self.cluster.calls, self.on_input)
         for index in waiting:
             self.procs[index].asking = ""
+        self._report()
         return True
+
+    def _report(self) -> None:
+        self.reports.report(self.result)
 
     def _next_due(self, next_health: float, last_update: float, on_update: Update | None) -> float:
         due = [next_health]
@@ -348,6 +361,9 @@ class _Watcher:
         for index in running:
             self.procs[index].where = hang.where(stacks.get(index))
             self.procs[index].asking = found[index].asking if index in found else ""
+            record = records.get(index) or {}
+            inside = "key" in record and hang.jax_function(stacks.get(index) or "")
+            self.procs[index].program = record.get("name", "") if inside else ""
         # a process that waits for an answer (input, a debugger) is not hung, whatever it holds
         running = [i for i in running if not self.procs[i].asking]
         if not judge:

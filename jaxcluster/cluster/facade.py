@@ -1,14 +1,14 @@
 """``JaxCluster``: an ipyparallel cluster whose engines are the processes of one JAX job.
 
 A façade over one module per job: ``options`` (settings), ``bringup`` (controller and engines
-up), ``distributed`` (``jax.distributed`` on them), ``attach`` (``connect``), ``health``
-(idle, busy, dead), ``event_loop`` (the thread that drives ipyparallel). Running code on the
-processes lives in ``spmd.py``, moving data in ``data``.
+up), ``distributed`` (``jax.distributed`` on them), ``attach`` (``connect``), ``running`` (what
+a start or ``connect`` made, with its health feed), ``health`` (idle, busy, dead),
+``event_loop`` (the thread that drives ipyparallel). Running code on the processes lives in
+``cells``, moving data in ``data``.
 """
 
 from __future__ import annotations
 
-import shutil
 import tempfile
 import time
 import uuid
@@ -25,9 +25,10 @@ from ..errors import ConfigError, JaxClusterError, NoClusterError
 from ..render.labels import parse_targets
 from . import attach, bringup, distributed, queries
 from .event_loop import LoopThread
-from .health import Health
+from .health_feed import HealthFeed
 from .option_table import declared
 from .options import ATTACHED, ClusterOptions, OptionAttribute
+from .running import RunningAttribute, RunningCluster
 
 __all__ = ["JaxCluster"]
 
@@ -63,21 +64,9 @@ class JaxCluster:
         # tests/test_options_declared_once.py checks it against the declaration
         self.options = ClusterOptions.checked(**{k: v for k, v in locals().items() if k != "self"})
         self.synced: Synced | None = None  # the folder made importable on every process
-        self.processes: list[ProcessInfo] = []
         self.cluster_id: str | None = None
-        self.coordinator: str | None = None
         self.startup_seconds: float | None = None
-        self._launched: bringup.Launched | None = None
-        self._client: ipp.Client | None = None
-        self._view: ipp.DirectView | None = None
-        self._work_dir: str | None = None  # private to this start: inboxes, launchers' files
-        self._file_server: Any = None  # data.FileServer, made on first use
-        # by process index: the machine it runs on (None: unknown); those on the notebook's
-        self.machines: list[str | None] = []
-        self.here: set[int] = set()
-        self.features_off: dict[str, str] = {}  # what the engines' JAX or IPython lacks, and why
-        # calls to the processes by index: inboxes here, back channels anywhere, ipyparallel
-        self.calls = ProcessCalls()
+        self._running: RunningCluster | None = None  # from start (or connect) to stop
         self._loop = LoopThread()
         # cells run with setup=True, replayed in order on their targets after every restart
         self.setup_cells: list[recovery.SetupCell] = []
@@ -100,35 +89,50 @@ class JaxCluster:
     coordinator_override: OptionAttribute[str | None] = OptionAttribute("coordinator")
     allow_version_skew: OptionAttribute[bool] = OptionAttribute()
 
+    # -- the running cluster's, empty while none runs --------------------------------------------
+
+    processes: RunningAttribute[list[ProcessInfo]] = RunningAttribute(list)
+    coordinator: RunningAttribute[str | None] = RunningAttribute(lambda: None)
+    # by process index: the machine it runs on (None: unknown); those on the notebook's
+    machines: RunningAttribute[list[str | None]] = RunningAttribute(list)
+    here: RunningAttribute[set[int]] = RunningAttribute(set)
+    # what the engines' JAX or IPython lacks, and why
+    features_off: RunningAttribute[dict[str, str]] = RunningAttribute(dict)
+    # calls to the processes by index: inboxes here, back channels anywhere, ipyparallel
+    calls: RunningAttribute[ProcessCalls] = RunningAttribute(ProcessCalls)
+
     # -- public surface ------------------------------------------------------------------------
 
     @property
     def running(self) -> bool:
-        return self._client is not None and bool(self.processes)
+        return self._running is not None and self._running.client is not None and bool(
+            self._running.processes)
 
     @property
     def client(self) -> ipp.Client:
-        self._require_running()
-        assert self._client is not None
-        return self._client
+        running = self._require_running()
+        assert running.client is not None
+        return running.client
 
     @property
     def view(self) -> ipp.DirectView:
         """A non-blocking DirectView over all engines, in JAX process order."""
-        self._require_running()
-        assert self._view is not None
-        return self._view
+        running = self._require_running()
+        assert running.view is not None
+        return running.view
+
+    @property
+    def health_feed(self) -> HealthFeed:
+        """Each process's state, memory and last line of output, kept up to date while the
+        cluster runs: ``snapshot()``, ``subscribe(fn)`` (see docs/python-api.md)."""
+        return self._require_running().feed
 
     @property
     def file_server(self) -> Any:
         """Where processes on other hosts read a value pushed to them (``data.FileServer``), on
         the address the engines reach the controller at; None for a cluster this notebook did
         not start."""
-        if self._file_server is None and self._launched is not None:
-            from ..data import FileServer
-
-            self._file_server = FileServer(self._launched.controller_ip)
-        return self._file_server
+        return None if self._running is None else self._running.file_server
 
     @property
     def engine_ids(self) -> list[int]:
@@ -137,7 +141,8 @@ class JaxCluster:
 
     @property
     def ipp_cluster(self) -> ipp.Cluster | None:
-        return self._launched.ipp_cluster if self._launched else None
+        launched = self._running.launched if self._running else None
+        return launched.ipp_cluster if launched else None
 
     @property
     def attached(self) -> bool:
@@ -176,13 +181,12 @@ class JaxCluster:
         cluster.cluster_id = cluster_id
         wanted = declared("nodes").checked(nodes)
         began = time.perf_counter()
-        cluster._client = attach.attach_client(profile, cluster_id, url_file, options.timeout)
+        client = attach.attach_client(profile, cluster_id, url_file, options.timeout)
+        cluster._running = RunningCluster(ATTACHED, client=client)
         try:
-            engine_ids = attach.registered_engines(
-                cluster._client, wanted, options.timeout, progress
-            )
+            engine_ids = attach.registered_engines(client, wanted, options.timeout, progress)
             options.nodes = len(engine_ids)
-            cluster._take(distributed.adopt(cluster._client, engine_ids, options, None, progress))
+            cluster._running.take(distributed.adopt(client, engine_ids, options, None, progress))
             cluster._place(synced)
         except BaseException:
             cluster.stop()
@@ -195,7 +199,7 @@ class JaxCluster:
 
         Raises ``JaxClusterError`` naming the failing processes; nothing is left running then.
         """
-        if self._launched is not None:
+        if self._running is not None:
             raise ConfigError(
                 "A cluster is already running. Stop it first (%jax_cluster stop) or restart it "
                 "(%jax_cluster restart)."
@@ -204,13 +208,14 @@ class JaxCluster:
         deadline = bringup.deadline_for(self.options)
         self.options.check_fits()  # before anything starts
         synced = self._checked_sync()
-        self._work_dir = tempfile.mkdtemp(prefix="jaxcluster-")
+        work_dir = tempfile.mkdtemp(prefix="jaxcluster-")
+        running = self._running = RunningCluster(self.options.launcher, work_dir)
         try:
-            self._launched = bringup.plan(self.options, self._work_dir)
-            self.cluster_id = self._launched.ipp_cluster.cluster_id
-            bringup.start_controller(self._launched, self.options, self._loop, deadline, progress)
+            launched = running.launched = bringup.plan(self.options, work_dir)
+            self.cluster_id = launched.ipp_cluster.cluster_id
+            bringup.start_controller(launched, self.options, self._loop, deadline, progress)
             bringup.stop_at_exit(self)
-            self._client = self._launched.client
+            running.client = launched.client
             self._start_processes(progress, deadline)
             self._place(synced)
         except BaseException:
@@ -220,28 +225,15 @@ class JaxCluster:
         return self
 
     def stop(self) -> None:
-        """Stop every engine and the controller. Safe to call twice."""
+        """Stop every engine and the controller, and the health feed's poller. Safe to call
+        twice."""
         bringup.stopped(self)
-        if self.synced is not None and self._client is not None and self.processes:
+        if self.synced is not None and self.running:
             self.synced.remove_copies(self)
-        launched, self._launched = self._launched, None
-        client, self._client = self._client, None
-        self._view = None
-        self.processes = []
-        self.machines, self.here = [], set()
-        self.calls.close()
-        self.calls = ProcessCalls()
-        if self._file_server is not None:
-            self._file_server.close()
-            self._file_server = None
-        if launched is not None:
-            bringup.shut_down(launched, self.options, self._loop)
-        elif client is not None:
-            client.close()
+        running, self._running = self._running, None
+        if running is not None:
+            running.stop(self.options, self._loop)
         self._loop.close()
-        if self._work_dir is not None:
-            shutil.rmtree(self._work_dir, ignore_errors=True)
-            self._work_dir = None
 
     def restart(self, progress: Progress | None = None, replay: bool = True) -> JaxCluster:
         """Fresh engines and a fresh ``jax.distributed`` with the same options, then the setup
@@ -257,8 +249,8 @@ class JaxCluster:
                 "cannot be restarted from here. Restart them where they were started (e.g. "
                 "ipcluster stop, then ipcluster start), then connect again."
             )
-        launched = self._launched
-        if launched is None:
+        launched = self._running.launched if self._running else None
+        if self._running is None or launched is None:
             raise NoClusterError(
                 "No cluster to restart. Start one with %jax_cluster start --nodes N."
             )
@@ -269,8 +261,7 @@ class JaxCluster:
             self.stop()
             self.start(progress)
         else:
-            self._view = None
-            self.processes = []
+            self._running.drop_processes()
             try:
                 bringup.stop_engines(launched, self.options, self._loop)
                 self._start_processes(progress, bringup.deadline_for(self.options))
@@ -285,8 +276,7 @@ class JaxCluster:
 
     def status(self) -> list[ProcessStatus]:
         """One row per JAX process: where it runs and whether it is idle, busy or dead."""
-        self._require_running()
-        return self._health().status()
+        return self._require_running().health().status()
 
     def summary(self) -> str:
         """``4 processes × 2 cpu devices = 8 global devices, ready in 5.2 s``."""
@@ -377,7 +367,7 @@ class JaxCluster:
 
     def dead_processes(self) -> dict[int, str]:
         """Process index -> how it died, for processes whose engine is gone."""
-        return self._health().dead_processes()
+        return self._require_running().health().dead_processes()
 
     def __enter__(self) -> JaxCluster:
         return self.start()
@@ -397,17 +387,20 @@ class JaxCluster:
         except ValueError as e:
             raise ConfigError(f"targets: {e}") from None
 
-    def _require_running(self) -> None:
-        if not self.running:
+    def _require_running(self) -> RunningCluster:
+        if self._running is None or not self.running:
             raise NoClusterError(
                 "No cluster is running. Start one with %jax_cluster start --nodes N."
             )
+        return self._running
 
     def _start_processes(self, progress: Progress | None, deadline: float) -> None:
         """Start engines, wait for them, then initialize JAX on all of them at once; all by
         ``deadline``."""
-        launched = self._launched
-        assert launched is not None and launched.client is not None
+        running = self._running
+        assert running is not None and running.launched is not None
+        launched = running.launched
+        assert launched.client is not None
         registered = bringup.start_engines(
             launched, self.options, self._loop, progress, deadline)
         what = "initialize jax.distributed"
@@ -415,14 +408,14 @@ class JaxCluster:
         try:
             job = distributed.initialize(
                 launched.client, registered.engine_ids, self.options, launched.controller_ip,
-                progress, deadline, self._work_dir, registered.identities,
+                progress, deadline, running.work_dir, registered.identities,
             )
         except JaxClusterError as e:
             if time.monotonic() < deadline:
                 raise
             # gather's per-process lines say where each process was
             raise bringup.overdue(self.options, what, str(e).partition("\n")[2] or str(e)) from None
-        self._take(job)
+        running.take(job)
 
     def _checked_sync(self) -> Synced | None:
         """The folder to sync, scanned before anything starts (too large: ``ConfigError``)."""
@@ -432,18 +425,3 @@ class JaxCluster:
         self.synced = synced
         if synced is not None:
             synced.place(self, self.cluster_id or uuid.uuid4().hex[:12])
-
-    def _take(self, job: distributed.JaxProcesses) -> None:
-        assert self._client is not None
-        self.processes = job.processes
-        self.coordinator = job.coordinator
-        self.machines, self.here = job.machines, job.here
-        self.features_off = job.features_off
-        self.calls.close()
-        self.calls = ProcessCalls(
-            self._client, {p.process_index: p.engine_id for p in job.processes}, job.inboxes)
-        self._view = self._client[self.engine_ids]
-        self._view.block = False
-
-    def _health(self) -> Health:
-        return Health(self.launcher, self.client, self.processes, self.ipp_cluster)

@@ -9,6 +9,7 @@ and signals to it, go over the back channel (``cells/evidence.py``).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from dataclasses import dataclass, field
@@ -65,14 +66,15 @@ class Health:
         sent = set(self.client.history)
         return any(m in self.client.outstanding or m not in sent for m in queued)
 
-    def dead_processes(self) -> dict[int, str]:
-        """Process index -> how it died, for processes whose engine is gone."""
+    def dead_processes(self, reap_seconds: float = REAP_SECONDS) -> dict[int, str]:
+        """Process index -> how it died, for processes whose engine is gone; a local engine
+        gone unreaped gets ``reap_seconds`` to be reaped, so that its exit code says how."""
         local = self._launcher.engines_share_host
         exit_codes = engine_sets.exit_codes(self.ipp_cluster)
         alive_ids = None if local else set(self.client.ids)
         gone = [p for p in self.processes
                 if local and self._key(p) not in exit_codes and not _running(p.pid)]
-        deadline = time.monotonic() + REAP_SECONDS
+        deadline = time.monotonic() + reap_seconds
         while gone and time.monotonic() < deadline:
             # ipyparallel's launcher reaps its engines in a thread of its own, and records
             # the exit code only then
@@ -88,6 +90,17 @@ class Health:
             elif alive_ids is not None and proc.engine_id not in alive_ids:
                 dead[proc.process_index] = "stopped answering the controller's heartbeat"
         return dead
+
+    def resident_memory(self) -> dict[int, int | None]:
+        """Process index -> bytes resident, for local engines (their pids are this host's);
+        None elsewhere: only the engine could say, and no call of its registry does yet."""
+        memory: dict[int, int | None] = {}
+        for proc in self.processes:
+            memory[proc.process_index] = None
+            if self._launcher.engines_share_host:
+                with contextlib.suppress(psutil.Error):
+                    memory[proc.process_index] = psutil.Process(proc.pid).memory_info().rss
+        return memory
 
     def _key(self, proc: ProcessInfo) -> tuple[str, int]:
         """How the launcher's record names an engine."""

@@ -1,0 +1,52 @@
+"""What a cell's watcher tells the running cluster's health feed (``cluster/health_feed.py``):
+each of its processes' state, as the watcher knows it, and its latest line of output."""
+
+from __future__ import annotations
+
+import re
+
+from ..contracts import ASKING, DEAD, DEBUGGING, IDLE, RUNNING, WAITING, ProcessHealth
+from .handle import HealthReports
+from .results import ProcessOutput, SPMDResult
+
+DEBUGGER_PROMPT = re.compile(r"\s*(\(Pdb\)|ipdb>)")
+ENDED = ("done", "error", "interrupted")  # ``ProcessOutput.state``s of a process idle again
+
+
+class CellReports:
+    """One cell's reports; ``cell``: the notebook's execution count, if known."""
+
+    def __init__(self, feed: HealthReports, cell: int | None) -> None:
+        self._feed = feed
+        self._cell = cell
+        self._lengths: dict[int, tuple[int, int]] = {}  # stdout's and stderr's, last reported
+        self._last_lines: dict[int, str] = {}
+
+    def report(self, result: SPMDResult) -> None:
+        self._feed.report_cell({p.process_index: self._health(p) for p in result.processes})
+
+    def _health(self, proc: ProcessOutput) -> ProcessHealth:
+        index, last_line = proc.process_index, self._last_line(proc)
+        if proc.state in ENDED:
+            return ProcessHealth(index, IDLE, last_line=last_line)
+        if proc.state == "died":
+            return ProcessHealth(index, DEAD, reason=proc.reason, last_line=last_line)
+        state = RUNNING  # or stuck: still in the cell
+        if proc.asking:
+            state = DEBUGGING if DEBUGGER_PROMPT.match(proc.asking) else ASKING
+        elif proc.program:
+            state = WAITING
+        return ProcessHealth(index, state, cell=self._cell, program=proc.program,
+                             prompt=proc.asking, last_line=last_line)
+
+    def _last_line(self, proc: ProcessOutput) -> str:
+        """The last line of the stream that grew last."""
+        index = proc.process_index
+        lengths = (len(proc.stdout), len(proc.stderr))
+        before = self._lengths.get(index, (0, 0))
+        if lengths != before:
+            self._lengths[index] = lengths
+            grown = proc.stderr if lengths[1] > before[1] else proc.stdout
+            lines = grown.rstrip("\n").rsplit("\n", 1)
+            self._last_lines[index] = lines[-1].rsplit("\r", 1)[-1]
+        return self._last_lines.get(index, "")

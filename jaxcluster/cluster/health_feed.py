@@ -1,0 +1,146 @@
+"""A running cluster's health feed: each process's state, kept up to date, offered to
+subscribers as immutable snapshots (``contracts.HealthSnapshot``).
+
+Two publishers. The watcher of a ``%%spmd`` cell (``cells/spmd.py``) says what the processes
+it runs on do: running cell N, waiting in a multi-process program, asking for input, in the
+debugger, ended. The poller, this module's thread, looks every ``POLL_EVERY`` seconds at what
+needs no engine's answer: deaths (the launchers' records, the process table of this host, the
+heartbeat as ipyparallel's client last heard it) and the resident memory of engines on this
+host. It asks no engine anything, so it never waits on a busy main thread, never starts a
+collective, and never calls ipyparallel's client: that stays with the thread that runs cells.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import replace
+
+from ..contracts import DEAD, HealthSnapshot, ProcessHealth
+
+POLL_EVERY = 1.0  # seconds between the poller's looks
+JOIN_SECONDS = 5.0  # how long ``Poller.stop`` waits for a look in progress
+THREAD_NAME = "jaxcluster-health"
+
+Subscriber = Callable[[HealthSnapshot], None]
+Look = Callable[[], tuple[Mapping[int, str], Mapping[int, int | None]]]  # deaths, memory
+
+
+class HealthFeed:
+    """The latest snapshot and who is told of the next. Subscribers are called on the thread
+    that published (the cell's, or the poller), one snapshot at a time, in order: they should
+    return quickly."""
+
+    def __init__(self) -> None:
+        self._lock = threading.RLock()  # a subscriber may read the feed, or unsubscribe
+        self._activity: dict[int, ProcessHealth] = {}  # what cells said, by process index
+        self._deaths: dict[int, str] = {}  # what the poller found dead stays dead
+        self._memory: dict[int, int | None] = {}
+        self._snapshot = HealthSnapshot()
+        self._subscribers: dict[object, Subscriber] = {}
+        self.closed = False
+
+    def snapshot(self) -> HealthSnapshot:
+        """The processes' latest health; empty once the feed is closed."""
+        return self._snapshot
+
+    def subscribe(self, subscriber: Subscriber) -> Callable[[], None]:
+        """Call ``subscriber`` with the latest snapshot now and with every changed one after;
+        returns what ends that. A closed feed (its cluster stopped) calls nothing."""
+        token = object()
+        with self._lock:
+            if self.closed:
+                return _nothing
+            self._subscribers[token] = subscriber
+            _deliver(subscriber, self._snapshot)
+
+        def unsubscribe() -> None:
+            with self._lock:
+                self._subscribers.pop(token, None)
+
+        return unsubscribe
+
+    def reset(self, processes: Iterable[int]) -> None:
+        """New processes (a start, a restart): all idle."""
+        with self._lock:
+            self._activity = {i: ProcessHealth(i) for i in processes}
+            self._deaths, self._memory = {}, {}
+            self._publish()
+
+    def report_cell(self, activity: Mapping[int, ProcessHealth]) -> None:
+        """What a cell's watcher saw of the processes it runs on."""
+        with self._lock:
+            self._activity.update((i, a) for i, a in activity.items() if i in self._activity)
+            self._publish()
+
+    def report_poll(self, deaths: Mapping[int, str], memory: Mapping[int, int | None]) -> None:
+        """What the poller saw: deaths (process index -> how) and resident memory."""
+        with self._lock:
+            self._deaths.update((i, d) for i, d in deaths.items() if i in self._activity)
+            self._memory = dict(memory)
+            self._publish()
+
+    def close(self) -> None:
+        with self._lock:
+            self.closed = True
+            self._subscribers.clear()
+            self._activity, self._deaths, self._memory = {}, {}, {}
+            self._snapshot = HealthSnapshot(taken=time.time())
+
+    def _publish(self) -> None:
+        if self.closed:
+            return
+        now = time.time()
+        before = {p.process_index: p for p in self._snapshot.processes}
+        rows = []
+        for index, row in sorted(self._activity.items()):
+            if index in self._deaths:
+                row = ProcessHealth(index, DEAD, reason=self._deaths[index],
+                                    last_line=row.last_line)
+            row = replace(row, rss=self._memory.get(index))
+            old = before.get(index)
+            same = old is not None and (old.state, old.cell) == (row.state, row.cell)
+            rows.append(replace(row, since=old.since if same and old else now))
+        if tuple(rows) == self._snapshot.processes:
+            return
+        self._snapshot = HealthSnapshot(tuple(rows), now)
+        for subscriber in list(self._subscribers.values()):
+            _deliver(subscriber, self._snapshot)
+
+
+class Poller:
+    """The feed's thread: ``look`` at once, then every ``every`` seconds, until ``stop``."""
+
+    def __init__(self, feed: HealthFeed, look: Look, every: float = POLL_EVERY) -> None:
+        self._feed, self._look, self._every = feed, look, every
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=THREAD_NAME, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stopped.is_set():
+            try:
+                deaths, memory = self._look()
+            except Exception:  # records changed under it (launchers' threads): the next look
+                pass
+            else:
+                if not self._stopped.is_set():
+                    self._feed.report_poll(deaths, memory)
+            self._stopped.wait(self._every)
+
+    def stop(self) -> None:
+        """Ends the thread: a look needs no engine's answer, so this returns within a look."""
+        self._stopped.set()
+        if self._thread is not threading.current_thread():
+            self._thread.join(JOIN_SECONDS)
+
+
+def _deliver(subscriber: Subscriber, snapshot: HealthSnapshot) -> None:
+    with contextlib.suppress(Exception):  # a subscriber's error must not fail a cell, or poll
+        subscriber(snapshot)
+
+
+def _nothing() -> None:
+    """The unsubscribe of a subscription that never began."""
