@@ -13,33 +13,16 @@ functions hand it. The patches of JAX made through it:
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
+
+from . import probes
 
 missing: dict[str, str] = {}  # feature -> what this JAX lacks
-Found = TypeVar("Found")
 
 
-def _probed(feature: str, lacks: str, consequence: str
-            ) -> Callable[[Callable[[], Found]], Callable[[], Found | None]]:
-    """A probe, run once: where it meets an ImportError or AttributeError, ``feature`` is off
-    (None), and ``missing`` says that this JAX ``lacks`` something, with the ``consequence``."""
-
-    def probe(find: Callable[[], Found]) -> Callable[[], Found | None]:
-        @functools.cache
-        @functools.wraps(find)
-        def found() -> Found | None:
-            try:
-                return find()
-            except (ImportError, AttributeError) as e:
-                missing[feature] = f"{lacks} ({e}): {consequence}"
-                return None
-
-        return found
-
-    return probe
+_probed = probes.prober(__name__)  # a feature's probe: ``missing`` says what it lacks
 
 
 # -- global arrays: printouts (``values``) and reads (``reads``) ------------------------------
