@@ -86,8 +86,9 @@ def stopped_at_the_end(cluster) -> Iterator:
 
 
 @contextmanager
-def magics_shell(start_line: str) -> Iterator:
-    """The headless IPython shell with jaxcluster loaded and a cluster started by the magic."""
+def magics_shell(start_line: str, setup: str = "") -> Iterator:
+    """The headless IPython shell with jaxcluster loaded and a cluster started by the magic;
+    ``setup``, when given, run as a ``%%spmd --setup`` cell."""
     from IPython import get_ipython
     from IPython.testing.globalipapp import start_ipython
     from IPython.utils.capture import capture_output
@@ -96,6 +97,8 @@ def magics_shell(start_line: str) -> Iterator:
     shell.run_line_magic("load_ext", "jaxcluster")
     with capture_output():
         shell.run_line_magic("jax_cluster", start_line)
+        if setup:
+            shell.run_cell_magic("spmd", "--setup", setup)
     try:
         yield shell
     finally:

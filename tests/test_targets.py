@@ -28,9 +28,7 @@ mesh = jax.make_mesh((8,), ("x",))
 
 @pytest.fixture(scope="module")
 def ip():
-    with magics_shell("start --nodes 4 --devices-per-node 2") as shell:
-        with capture_output():
-            shell.run_cell_magic("spmd", "--setup", SETUP)
+    with magics_shell("start --nodes 4 --devices-per-node 2", SETUP) as shell:
         yield shell
 
 
