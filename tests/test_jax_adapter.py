@@ -174,3 +174,50 @@ def test_jax_itself_has_what_every_probe_looks_for(probed_afresh):
     found = [probe() for probe in PROBES]
     assert probed_afresh == {}
     assert all(hooks is not None for hooks in found), jax.__version__
+
+
+# -- JAX's own post hook under ours ----------------------------------------------------------
+
+def nan_checks() -> list[str]:
+    """What a jitted function that makes a NaN does, called twice (the second call takes the
+    C++ path), with ``jax_debug_nans`` off, on in a context, after it, and on for every
+    thread (seen from a thread that never set its own)."""
+    import threading
+
+    halve = jax.jit(lambda x: x / x)
+    zeros = jnp.zeros(2)
+
+    def twice() -> str:
+        told = []
+        for _ in range(2):
+            try:
+                halve(zeros).block_until_ready()
+                told.append("nan")
+            except FloatingPointError:
+                told.append("raised")
+        return "/".join(told)
+
+    seen = [twice()]
+    with jax.debug_nans(True):
+        seen.append(twice())
+    seen.append(twice())
+    jax.config.update("jax_debug_nans", True)
+    try:
+        other = threading.Thread(target=lambda: seen.append(twice()))
+        other.start()
+        other.join()
+    finally:
+        jax.config.update("jax_debug_nans", False)
+    return seen
+
+
+def test_jaxs_nan_check_raises_under_the_dispatch_record_as_without_it():
+    assert not dispatch._state["installed"]
+    jax_alone = nan_checks()
+    assert dispatch.install()
+    try:
+        with_record = nan_checks()
+    finally:
+        dispatch.uninstall()
+    assert with_record == jax_alone
+    assert jax_alone == ["nan/nan", "raised/raised", "nan/nan", "raised/raised"]

@@ -10,9 +10,10 @@ processes may read):
 
 - jit's C++ fast path calls JAX's *post hook* (the one ``jax_debug_nans`` uses) after it
   dispatched a program, before anything waits for its results: ``counted_fast`` counts there,
-  then calls JAX's own hook, if one is set. It is on the path of every call of every jitted
-  function, so the program called last is known by two identity checks, and what a program
-  needs is decided at its first call and kept on it (``benchmarks/dispatch.py`` measures it).
+  then calls JAX's own hook where it is on (the adapter hands the C++ path ours alone where it
+  is off). It is on the path of every call of every jitted function, so the program called
+  last is known by two identity checks, and what a program needs is decided at its first call
+  and kept for the next (``benchmarks/dispatch.py`` measures it).
 - calls that go through Python (a program's first call, programs with effects) run
   ``ExecuteReplicated.__call__``, wrapped to count before the program runs.
 
@@ -34,7 +35,7 @@ import os
 import re
 import weakref
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from ..render.labels import format_ranges
 from . import jax_internals
@@ -55,16 +56,18 @@ class Program:
     a program over one process's devices gives every process that runs it an array the
     others may read."""
 
-    __slots__ = ("calls", "counted", "devices", "key", "name", "observe", "planned",
-                 "processes")
+    __slots__ = ("calls", "counted", "devices", "key", "name", "observe", "observe_one",
+                 "planned", "processes")
 
     def __init__(self, key: str, name: str, processes: tuple[int, ...], devices: int,
                  waits: bool) -> None:
         self.key, self.name, self.processes, self.devices = key, name, processes, devices
         self.counted = waits and len(processes) > 1
         self.calls = 0
-        # what is done with its outputs at every call, planned at its first (``_plan``)
+        # what is done with its outputs at every call, planned at its first (``_plan``): given
+        # them flat, or, where it returns one array, that array
         self.observe: Callable[[Sequence[Any]], None] | None = None
+        self.observe_one: Callable[[Any], None] | None = None
         self.planned = False
 
 
@@ -77,9 +80,19 @@ FastEntry = tuple[weakref.ref[Any], Any, Program | None]
 _fast: dict[int, FastEntry] = {}
 # the latest program is replaced whole, never changed in place: the control thread reads it
 _state: dict[str, Any] = {"installed": False, "cell": 0, "latest": None, "processes": None}
-# asked at a program's first call, with its outputs, what to do with them at every call: a
-# callable given each call's outputs, or None (``values`` numbers those others may read)
-Planner = Callable[[Program, Sequence[Any]], Callable[[Sequence[Any]], None] | None]
+
+
+class Observer(NamedTuple):
+    """What is done with a program's outputs at every call: ``every`` is given them flat;
+    ``one``, where the program returns one array, that array (its fast path makes no list)."""
+
+    every: Callable[[Sequence[Any]], None]
+    one: Callable[[Any], None] | None
+
+
+# asked at a program's first call, with its outputs, what to do with them at every call, or
+# None (``values`` numbers those others may read)
+Planner = Callable[[Program, Sequence[Any]], Observer | None]
 output_planners: list[Planner] = []
 
 
@@ -98,13 +111,16 @@ def install() -> bool:
     _state["process_count"] = hooks.process_count  # asked at the first program: JAX's
     # backends are made by then, and asking before would make them here
     original_call = hooks.execute_replicated.__call__
-    jax_hook = hooks.jax_post_hook
     leaves = hooks.tree_leaves
     array_type: Any = hooks.array_type  # a ``type`` would narrow ``out`` to an ``object``
     active, state, ident = _active, _state, id
-    # (id of the function, its first output's aval, program) of the call before: a loop calls
-    # one program over and over; the aval is held, so no other object takes its identity
-    last: list[Any] = [None, None, None]
+    # the function (by identity) and the output's aval of the call before, if it returned one
+    # array, and what its program needs at a call: a loop calls one program over and over;
+    # the aval is held, so no other object takes its identity
+    last_id: int | None = None
+    last_aval: Any = None
+    last_counted: Program | None = None
+    last_observe: Callable[[Any], None] | None = None
 
     def counted_slow(self: Any, *args: Any) -> Any:
         program = None
@@ -118,38 +134,39 @@ def install() -> bool:
                 _observe(program, outputs)
         return outputs
 
-    def counted_fast(fun: Any, args: Any, kwargs: Any, out: Any) -> None:
-        try:  # not contextlib.suppress: it would make an object on every call
-            # the C++ path gives a program's outputs the same aval objects at every call
-            if type(out) is array_type and out.aval is last[1] and ident(fun) == last[0]:
-                program, flat = last[2], None  # the program called last, again
-            else:
-                flat = [out] if type(out) is array_type else leaves(out)
-                aval = flat[0].aval if flat else None
-                known = _fast.get(ident(aval) if flat else ident(fun))
-                if known is None or known[1] is not aval or known[0]() is not fun:
-                    known = _fast_program(fun, aval, flat)
-                program = known[2]
-                last[:] = ident(fun), aval, program
-            if program is not None:
-                if program.counted:
-                    program.calls = calls = program.calls + 1
+    def fast_hook(jax_own: Any) -> Callable[..., None]:
+        """Ours, then JAX's own where ``jax_own`` (its hook's state) is given: the adapter
+        hands the C++ path the one without while JAX's is off, which saves reading it."""
+
+        def counted_fast(fun: Any, args: Any, kwargs: Any, out: Any) -> None:
+            nonlocal last_id, last_aval, last_counted, last_observe
+            try:  # not contextlib.suppress: it would make an object on every call
+                # the C++ path gives a program's outputs the same aval objects at every call
+                bare = type(out) is array_type
+                if bare and out.aval is last_aval and ident(fun) == last_id:
+                    counted, observe = last_counted, last_observe  # the program called last
+                else:
+                    counted, observe = _fast_call(fun, out, bare, leaves)
+                    last_id, last_aval = ident(fun), out.aval if bare else None
+                    last_counted, last_observe = counted, observe
+                if counted is not None:
+                    counted.calls = calls = counted.calls + 1
                     if calls == 1:
-                        active.append(program)
-                    state["latest"] = program
-                if not program.planned:
-                    _plan(program, flat if flat is not None else [out])
-                observe = program.observe
+                        active.append(counted)
+                    state["latest"] = counted
                 if observe is not None:
-                    observe((out,) if flat is None else flat)
-        except Exception:  # JAX's own behaviour wins over the record
-            pass
-        chained = jax_hook.value
-        if chained is not None:
-            chained(fun, args, kwargs, out)
+                    observe(out)
+            except Exception:  # JAX's own behaviour wins over the record
+                pass
+            if jax_own is not None:
+                chained = jax_own.value
+                if chained is not None:
+                    chained(fun, args, kwargs, out)
+
+        return counted_fast
 
     hooks.execute_replicated.__call__ = counted_slow
-    hooks.set_post_hook(counted_fast)
+    hooks.set_post_hooks(fast_hook(None), fast_hook(hooks.jax_post_hook))
     _state.update(installed=True, restore=(hooks, original_call))
     new_cell()
     return True
@@ -161,7 +178,7 @@ def uninstall() -> None:
         return
     hooks, original_call = _state.pop("restore")
     hooks.execute_replicated.__call__ = original_call
-    hooks.set_post_hook(None)
+    hooks.set_post_hooks(None, None)
     _state["installed"] = False
     _slow.clear()
     _fast.clear()
@@ -215,6 +232,29 @@ def _slow_program(call: Any) -> Program | None:
     program = _slow[call] = _describe(runs.name, runs.out_shardings, runs.out_avals,
                                       runs.in_shardings, lambda: _may_wait(runs.hlo_texts))
     return program
+
+
+def _fast_call(fun: Any, out: Any, bare: bool, leaves: Callable[[Any], list[Any]],
+               ) -> tuple[Program | None, Callable[[Any], None] | None]:
+    """A call on the fast path other than a repeat of the one before: its program where it is
+    counted, and what to give its output where it is one array (any other's outputs are given
+    to its ``observe`` here)."""
+    flat = [out] if bare else leaves(out)
+    aval = flat[0].aval if flat else None
+    known = _fast.get(id(aval) if flat else id(fun))
+    if known is None or known[1] is not aval or known[0]() is not fun:
+        known = _fast_program(fun, aval, flat)
+    program = known[2]
+    if program is None:
+        return None, None
+    if not program.planned:
+        _plan(program, flat)
+    counted = program if program.counted else None
+    if bare:
+        return counted, program.observe_one
+    if program.observe is not None:
+        program.observe(flat)
+    return counted, None
 
 
 def _fast_program(fun: Any, aval: Any, flat: list[Any]) -> FastEntry:
@@ -271,13 +311,18 @@ def _plan(program: Program, outputs: Sequence[Any]) -> None:
     program.planned = True
     plans = [plan for planner in output_planners
              if (plan := planner(program, outputs)) is not None]
-    if len(plans) > 1:
+    if len(plans) == 1:
+        program.observe, program.observe_one = plans[0]
+    elif plans:
         def observe_all(outs: Sequence[Any]) -> None:
             for plan in plans:
-                plan(outs)
+                plan.every(outs)
+
+        def observe_one(out: Any) -> None:
+            observe_all((out,))
+
         program.observe = observe_all
-    else:
-        program.observe = plans[0] if plans else None
+        program.observe_one = observe_one if len(outputs) == 1 else None
 
 
 def _observe(program: Program, outputs: Sequence[Any]) -> None:

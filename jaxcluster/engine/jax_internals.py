@@ -186,6 +186,9 @@ def backends_initialized() -> bool:
 
 # -- the dispatch record (``dispatch``) --------------------------------------------------------
 
+PostHook = Callable[[Any, Any, Any, Any], None]  # (function, args, kwargs, its output)
+
+
 @dataclass(frozen=True)
 class DispatchHooks:
     """Where a multi-process program's dispatch can be counted without leaving jit's C++
@@ -193,7 +196,8 @@ class DispatchHooks:
 
     execute_replicated: Any  # pxla.ExecuteReplicated: every call that goes through Python
     jax_post_hook: Any  # JAX's own hook's state (``.value``: the NaN check, or None)
-    set_post_hook: Callable[[Callable[..., Any] | None], None]  # ours in the C++ path, or none
+    # ours in the C++ path: (alone, chained), the second calling JAX's own; (None, None): none
+    set_post_hooks: Callable[[PostHook | None, PostHook | None], None]
     tree_leaves: Callable[[Any], list[Any]]
     array_type: type  # jax.Array's implementation, what a jitted function returns
     process_count: Callable[[], int]
@@ -223,9 +227,10 @@ def replicated_call(call: Any) -> ReplicatedCall:
          "read only where they are held")
 def dispatch_hooks() -> DispatchHooks:
     """The C++ path calls one post hook, which ``jax_debug_nans`` sets to JAX's NaN check:
-    from JAX 0.8 a config state handed to the C++ path (ours goes in a state of its own),
-    before it a field of jit's global state (ours goes there, put back whenever
-    ``jax_debug_nans`` or ``jax_debug_infs`` changes it). Ours calls JAX's."""
+    from JAX 0.8 a config state handed to the C++ path (ours goes in a state of its own,
+    which follows JAX's: the hook alone where JAX's is off, the chained one where it is on,
+    globally and per thread), before it a field of jit's global state (ours goes there,
+    chained, put back whenever ``jax_debug_nans`` or ``jax_debug_infs`` changes it)."""
     from jax._src import api, array, tree_util, xla_bridge
     from jax._src.interpreters import pxla
     from jax._src.lib import jax_jit
@@ -233,29 +238,58 @@ def dispatch_hooks() -> DispatchHooks:
     pxla.ExecuteReplicated.__call__  # noqa: B018 - read below
     pxla.ExecuteReplicated.__slots__  # noqa: B018 - name, in_handler, out_handler
     if hasattr(api, "_post_hook_state"):
-        jax_state, set_post_hook = _post_hook_state(api, jax_jit)
+        jax_state, set_post_hooks = _post_hook_state(api, jax_jit)
     else:
-        jax_state, set_post_hook = _post_hook_field(api, jax_jit)
-    return DispatchHooks(pxla.ExecuteReplicated, jax_state, set_post_hook,
+        jax_state, set_post_hooks = _post_hook_field(api, jax_jit)
+    return DispatchHooks(pxla.ExecuteReplicated, jax_state, set_post_hooks,
                          tree_util.tree_leaves, array.ArrayImpl, xla_bridge.process_count)
 
 
 def _post_hook_state(api: Any, jax_jit: Any) -> tuple[Any, Callable[..., None]]:
+    from jax._src import config
+
     jax_state = api._post_hook_state
     config_type = type(jax_state)
     set_state = jax_jit.set_post_hook_state
     ours: list[Any] = []  # one state of our own, made on first use
+    hooks: list[PostHook | None] = [None, None]  # alone, chained
+    jax_updates: list[tuple[Any, Any, Any]] = [
+        (option, option._update_global_hook, option._update_thread_local_hook)
+        for option in (config.debug_nans, config.debug_infs)]
 
-    def set_post_hook(hook: Callable[..., Any] | None) -> None:
-        if hook is None:
+    def follow_global(value: Any) -> None:
+        if ours and hooks[0] is not None:
+            ours[0].set_global(hooks[0] if jax_state.get_global() is None else hooks[1])
+
+    def follow_local(value: Any) -> None:
+        if ours and hooks[0] is not None:
+            ours[0].set_local(hooks[0] if jax_state.get_local() is None else hooks[1])
+
+    def set_post_hooks(alone: PostHook | None, chained: PostHook | None) -> None:
+        hooks[:] = alone, chained
+        if alone is None:
             set_state(jax_state)
             return
         if not ours:
-            ours.append(config_type("jaxcluster_post_hook", hook, include_in_jit_key=False))
-        ours[0].set_global(hook)
+            ours.append(config_type("jaxcluster_post_hook", None, include_in_jit_key=False))
+            for option, jax_global, jax_local in jax_updates:
+                option._add_hooks(_then(jax_global, follow_global), _then(jax_local, follow_local))
+        follow_global(None)
+        if jax_state.get_local() is None or callable(jax_state.get_local()):
+            follow_local(None)  # this thread set JAX's own (unset is neither)
         set_state(ours[0])
 
-    return jax_state, set_post_hook
+    return jax_state, set_post_hooks
+
+
+def _then(first: Callable[[Any], None] | None,
+          then: Callable[[Any], None]) -> Callable[[Any], None]:
+    def both(value: Any) -> None:
+        if first is not None:
+            first(value)
+        then(value)
+
+    return both
 
 
 class _NanCheck:
@@ -280,15 +314,15 @@ def _post_hook_field(api: Any, jax_jit: Any) -> tuple[Any, Callable[..., None]]:
                                    api._update_debug_special_thread_local)
     ours: list[Callable[..., Any] | None] = [None]
 
-    def set_post_hook(hook: Callable[..., Any] | None) -> None:
-        ours[0] = hook
+    def set_post_hooks(alone: PostHook | None, chained: PostHook | None) -> None:
+        ours[0] = chained  # one field for every thread: JAX's is read at each call
         update_global(None)  # JAX's own, or none
-        if hook is not None:
-            state.post_hook = hook
+        if chained is not None:
+            state.post_hook = chained
 
     def changed(value: Any) -> None:  # JAX's option hook sets its own: ours goes back
-        set_post_hook(ours[0])
+        set_post_hooks(ours[0], ours[0])
 
     for option in (config.debug_nans, config.debug_infs):
         option._add_hooks(changed, update_local)
-    return _NanCheck(api, config), set_post_hook
+    return _NanCheck(api, config), set_post_hooks

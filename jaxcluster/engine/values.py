@@ -28,6 +28,8 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from .dispatch import Observer
+
 OPEN, CLOSE = "\u27ea", "\u27eb"  # ⟪ ⟫: what no printout of numbers contains
 TOKEN_PREFIX = OPEN + "jax.Array "
 MADE_BY = ("device_put", "make_array_from_callback", "make_array_from_single_device_arrays",
@@ -150,12 +152,12 @@ def _numbering(make: Callable[..., Any]) -> Callable[..., Any]:
     return numbered
 
 
-def _plan_numbering(program: Any, outputs: Sequence[Any]) -> Callable[[Sequence[Any]], None] | None:
+def _plan_numbering(program: Any, outputs: Sequence[Any]) -> Observer | None:
     """Asked by ``dispatch`` at a program's first call: what numbers its outputs at every
-    call, or None when every process can read them all by itself. Which outputs, and their
-    layouts, are the same at every call (the program's key is made of them), so they are
-    decided here, once: a call only counts and tags (a replicated output too, where some
-    process holds none of it: a mesh over some processes' devices)."""
+    call, or None when every process can read them all by itself.
+    Which outputs, and their layouts, are the same at every call (the program's key is made
+    of them), so they are decided here, once: a call only counts and tags (a replicated output
+    too, where some process holds none of it: a mesh over some processes' devices)."""
     plan = [(i, layout) for i, leaf in enumerate(outputs)
             if (layout := _numbered_layout(leaf)) is not None]
     if not plan:
@@ -172,7 +174,20 @@ def _plan_numbering(program: Any, outputs: Sequence[Any]) -> Callable[[Sequence[
         if waiting[0]:
             _wake()
 
-    return number
+    if len(outputs) > 1:
+        return Observer(number, None)
+    layout = plan[0][1]
+
+    def number_one(out: Any) -> None:  # ``number`` of a program returning one array
+        if making[0]:
+            return
+        numbered = current.get(layout) or numbered_now(layout)
+        numbered.count = count = numbered.count + 1
+        out._jaxcluster_number = (numbered, count)  # NUMBER
+        if waiting[0]:
+            _wake()
+
+    return Observer(number, number_one)
 
 
 def _numbered_layout(leaf: Any) -> str | None:
