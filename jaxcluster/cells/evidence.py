@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from ..engine import calls, dispatch
+from ..engine import calls, dispatch, ipykernel_internals
 from .process_calls import ProcessCalls
 
 WAIT = 2.0  # seconds a process gets to say where it is
@@ -21,7 +21,6 @@ FRAMEWORK = re.compile(
     r"runpy\.py|selectors\.py|concurrent)[/.]|<frozen runpy>"
 )
 SITE_PACKAGES = re.compile(r"^.*/(site|dist)-packages/")
-CELL_FILE = re.compile(r"/ipykernel_\d+/\d+\.py$")
 
 
 @dataclass(frozen=True)
@@ -54,6 +53,7 @@ def user_stack(frames: list[Any]) -> str:
     for filename, lineno, name in frames:
         if FRAMEWORK.search(filename):
             continue
-        shown = "<cell>" if CELL_FILE.search(filename) else SITE_PACKAGES.sub("", filename)
+        in_cell = ipykernel_internals.CELL_FILE.search(filename)
+        shown = "<cell>" if in_cell else SITE_PACKAGES.sub("", filename)
         lines.append(f'File "{shown}", line {lineno} in {name}')
     return "\n".join(lines)

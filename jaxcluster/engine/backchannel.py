@@ -18,10 +18,9 @@ registry's one envelope, ``{"value": ...}`` or ``{"error": "Type: message"}``.
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
-from . import calls
+from . import calls, ipykernel_internals
 
 REQUEST = "jaxcluster_request"
 REPLY = "jaxcluster_reply"
@@ -30,38 +29,12 @@ SERVER = "the back channel"  # who refuses a call it does not serve
 
 def install() -> bool:
     """Serve the back channel on this engine's control thread; True when it is served."""
-    try:
-        from IPython import get_ipython
-    except ImportError:
-        return False
-    kernel: Any = getattr(get_ipython(), "kernel", None)
-    stream = getattr(kernel, "control_stream", None)
-    if kernel is None or stream is None or not hasattr(kernel, "dispatch_control"):
-        return False
-    others = kernel.dispatch_control
 
-    def send(request: dict[str, Any], idents: list[bytes], reply: dict[str, Any]) -> None:
-        # from any thread: the stream is the control thread's
-        stream.io_loop.add_callback(
-            kernel.session.send, stream, REPLY, reply, parent=request, ident=idents)
-
-    def dispatch(frames: list[Any]) -> Any:
-        """Our requests here, the others to ipykernel: its handler would publish a busy and
-        an idle status for each, two more messages through the controller per request."""
-        idents, message = kernel.session.feed_identities(frames, copy=False)
-        try:
-            request = kernel.session.deserialize(message, content=True, copy=False)
-        except Exception:
-            return others(frames)  # not signed with the cluster's key: ipykernel refuses it
-        if request["header"]["msg_type"] != REQUEST:
-            return others(frames)
-        content = request["content"]
-        reply = functools.partial(send, request, idents)
+    def handle(content: dict[str, Any], reply: ipykernel_internals.Reply) -> None:
         if content.get("call") in calls.MAIN:  # on the main thread, between requests
-            kernel.io_loop.add_callback(calls.answer_then, content, calls.MAIN, SERVER, reply)
+            ipykernel_internals.on_main_thread(
+                calls.answer_then, content, calls.MAIN, SERVER, reply)
         else:
             reply(calls.answer(content, calls.CONTROL, SERVER))
-        return None
 
-    stream.io_loop.add_callback(stream.on_recv, dispatch, copy=False)
-    return True
+    return ipykernel_internals.serve_control(REQUEST, REPLY, handle)
