@@ -33,7 +33,18 @@ class ProcessInfo:
 
 @dataclass(frozen=True)
 class ProcessStatus(ProcessInfo):
-    state: str  # "idle", "busy" or "dead"
+    state: str  # "idle", "busy" or "dead", as the controller and the launcher tell
+    health: ProcessHealth | None = None  # what the health feed says of it
+
+
+@dataclass(frozen=True)
+class DeviceMemory:
+    """One local device's memory, as JAX reports it (``Device.memory_stats``): bytes in use and
+    the peak; None where JAX reports none (CPU devices)."""
+
+    device_id: int
+    in_use: int | None = None
+    peak: int | None = None
 
 
 # what a process is doing, as the health feed says it
@@ -55,7 +66,8 @@ class ProcessHealth:
     prompt: str = ""
     reason: str = ""
     last_line: str = ""  # its latest line of output in the cell it runs or ran last
-    rss: int | None = None  # bytes of memory resident on its host; None: not known here
+    rss: int | None = None  # bytes of memory resident on its host; None: not known yet
+    device_memory: tuple[DeviceMemory, ...] = ()  # its local devices' (as it last said)
 
 
 @dataclass(frozen=True)

@@ -101,6 +101,29 @@ def test_idle_after_start_then_a_cell_on_process_1_only_running(cluster) -> None
     assert feed.snapshot().states() == got[-1].states()
 
 
+def test_each_process_says_what_memory_it_and_its_devices_hold(cluster) -> None:
+    """After a cell, and in ``status``: the processes' own word, their devices listed (JAX
+    reports no numbers for CPU devices: shown as not reported)."""
+    held = 400 * 2**20
+    result = cluster.run(
+        "import numpy as np, jax\n"
+        f"_held = np.ones({held} // 8) if jax.process_index() == 2 else None\n")
+    assert result.ok
+
+    def holding(snapshot: HealthSnapshot) -> bool:
+        rss = [p.rss or 0 for p in snapshot.processes]
+        return all(p.device_memory for p in snapshot.processes) and (
+            rss[2] - max(rss[0], rss[1], rss[3]) > held // 2)
+
+    seen_within(cluster.health_feed, holding)
+    for row in cluster.status():
+        assert row.health is not None and row.health.rss
+        devices = row.health.device_memory
+        assert tuple(d.device_id for d in devices) == row.local_device_ids
+        assert {(d.in_use, d.peak) for d in devices} == {(None, None)}
+    cluster.run("del _held").check()
+
+
 def test_a_killed_engine_is_dead_and_stop_leaves_no_poller() -> None:
     from jaxcluster import JaxCluster
 
@@ -115,6 +138,17 @@ def test_a_killed_engine_is_dead_and_stop_leaves_no_poller() -> None:
         cluster.restart()  # the controller stays: the same feed, with the new processes
         seen_within(feed, lambda s: s.states() == {0: "idle", 1: "idle"})
         assert cluster.health_feed is feed and len(set(pollers()) - others) == 1
+        seen: list[HealthSnapshot] = []
+        feed.subscribe(seen.append)
+        controller = cluster.ipp_cluster.controller
+        os.kill(controller.process.pid, signal.SIGKILL)
+        deadline = time.monotonic() + 15
+        while controller.running and time.monotonic() < deadline:
+            time.sleep(0.1)
+        cluster.restart()  # a new controller: still the same feed, and its subscribers
+        assert cluster.ipp_cluster.controller is not controller
+        assert cluster.health_feed is feed and seen[-1].states() == {0: "idle", 1: "idle"}
+        assert len(set(pollers()) - others) == 1
     assert set(pollers()) - others == set()
     assert feed.snapshot().processes == ()
     delivered: list[HealthSnapshot] = []

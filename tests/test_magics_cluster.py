@@ -128,8 +128,10 @@ def test_start_status_restart_stop(ip):
     (shown,) = status.outputs
     text, html = shown.data["text/plain"], shown.data["text/html"]
     assert text.splitlines()[0].split() == [
-        "process", "engine", "host", "pid", "local", "devices", "platform", "state"]
+        "process", "engine", "host", "pid", "local", "devices", "platform", "state", "doing",
+        "memory", "device", "memory", "last", "line"]
     assert len(text.splitlines()) == 4 and text.count("idle") == 2
+    assert text.count("MiB") >= 2  # each process said what it holds
     assert html.count('<tr class="jc-idle">') == 2
 
     old_pids = [p.pid for p in magics.cluster.processes]

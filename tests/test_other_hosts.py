@@ -124,6 +124,19 @@ def test_processes_run_on_other_machines(kernel, hosts):
     assert value(kc, "[_magics().cluster.calls.inboxes.path(i) for i in range(4)]") == [None] * 4
 
 
+def test_status_shows_the_memory_each_process_on_another_host_holds(kernel):
+    """This host cannot read the others' process tables: the processes say it (issue 42)."""
+    _, kc = kernel
+    rows = value(kc, "[[r.state, r.health.rss, [d.device_id for d in r.health.device_memory]] "
+                     "for r in _magics().cluster.status()]")
+    ids = value(kc, "[list(p.local_device_ids) for p in _magics().cluster.processes]")
+    assert [state for state, _, _ in rows] == ["idle"] * 4
+    assert all(rss and rss > 50 * 2**20 for _, rss, _ in rows), rows
+    assert [devices for _, _, devices in rows] == ids
+    shown = run(kc, "%jax_cluster status")
+    assert shown.text.count("MiB") >= 4, shown.text
+
+
 def test_a_cell_on_a_subset_of_the_hosts_processes_runs_there_alone(kernel, hosts):
     """``--targets``: process 1 on one host and process 2 on the other run the cell, through
     their back channels; the others never see it (issue 42)."""

@@ -3,6 +3,8 @@ live, watched for deaths, hangs and interrupts, recovered from, least destructiv
 offers ``spmd`` (``run``, ``SPMDResult``), ``calls`` (a function run as a cell), ``live``
 (outputs as they come), ``recovery`` (setup cells, replayed), ``process_calls`` (calls to
 processes by index: inbox, back channel or ipyparallel), ``interrupts`` (the stop button, noted
-while a cell runs) and ``handle`` (what cells and data need of a cluster)."""
+while a cell runs), ``health_reports`` (what the health feed is told: ``ask_memory``) and
+``handle`` (what cells and data need of a cluster)."""
 
-__all__ = ["calls", "handle", "interrupts", "live", "process_calls", "recovery", "spmd"]
+__all__ = ["calls", "handle", "health_reports", "interrupts", "live", "process_calls",
+           "recovery", "spmd"]

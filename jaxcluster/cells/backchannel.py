@@ -16,6 +16,7 @@ from typing import Any
 from ..engine.backchannel import REQUEST
 
 Replies = tuple[dict[int, Any], dict[int, str]]  # answers and errors, by process index
+NO_ANSWER = "no answer within"  # how the error of a call not answered in time begins
 
 
 class CallError(Exception):
@@ -59,7 +60,7 @@ def collect(answers: dict[int, concurrent.futures.Future], timeout: float) -> Re
     values, errors = {}, {}
     for process, answer in answers.items():
         if not answer.done():
-            errors[process] = f"no answer within {timeout:g} s"
+            errors[process] = f"{NO_ANSWER} {timeout:g} s"
         elif (error := answer.exception()) is not None:
             errors[process] = str(error)
         else:

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from ..contracts import ProcessHealth, ProcessInfo, Progress
+    from ..contracts import DeviceMemory, ProcessHealth, ProcessInfo, Progress
     from .process_calls import ProcessCalls
 
 
@@ -18,6 +18,9 @@ class HealthReports(Protocol):
     """The part of the running cluster's health feed that a cell's watcher publishes to."""
 
     def report_cell(self, activity: Mapping[int, ProcessHealth]) -> None: ...
+
+    def report_memory(
+        self, told: Mapping[int, tuple[int | None, tuple[DeviceMemory, ...]]]) -> None: ...
 
 
 class ClusterHandle(Protocol):

@@ -1,12 +1,28 @@
 """What a cell's watcher tells the running cluster's health feed (``cluster/health_feed.py``):
-each of its processes' state, as the watcher knows it, and its latest line of output."""
+each of its processes' state, as the watcher knows it, and its latest line of output; and what
+the processes say of their memory when asked (``ask_memory``)."""
 
 from __future__ import annotations
 
+import concurrent.futures
+import contextlib
+import functools
 import re
+from collections.abc import Iterable
 
-from ..contracts import ASKING, DEAD, DEBUGGING, IDLE, RUNNING, WAITING, ProcessHealth
+from ..contracts import (
+    ASKING,
+    DEAD,
+    DEBUGGING,
+    IDLE,
+    RUNNING,
+    WAITING,
+    DeviceMemory,
+    ProcessHealth,
+)
+from ..engine import calls as registry
 from .handle import HealthReports
+from .process_calls import ProcessCalls
 from .results import ProcessOutput, SPMDResult
 
 DEBUGGER_PROMPT = re.compile(r"\s*(\(Pdb\)|ipdb>)")
@@ -50,3 +66,25 @@ class CellReports:
             lines = grown.rstrip("\n").rsplit("\n", 1)
             self._last_lines[index] = lines[-1].rsplit("\r", 1)[-1]
         return self._last_lines.get(index, "")
+
+
+def ask_memory(calls: ProcessCalls, processes: Iterable[int], feed: HealthReports,
+               wait: float = 0.0) -> None:
+    """Ask ``processes`` what memory they and their devices hold (on their control thread: a
+    busy one answers too); the feed is told as the answers come, on ipyparallel's thread. With
+    ``wait``, those that answer within it are told before this returns."""
+    sent = calls.start({p: (registry.memory, ()) for p in processes})
+    for process, answer in sent.answers.items():
+        answer.add_done_callback(functools.partial(_tell, feed, process))
+    if wait > 0:
+        sent.wait(wait)
+        for process, answer in sent.answers.items():  # its callback may not have run yet
+            if answer.done():
+                _tell(feed, process, answer)
+
+
+def _tell(feed: HealthReports, process: int, answer: concurrent.futures.Future) -> None:
+    with contextlib.suppress(Exception):  # a process gone, or one that could not tell
+        told = answer.result()
+        devices = tuple(DeviceMemory(*device) for device in told["devices"])
+        feed.report_memory({process: (told["rss"], devices)})

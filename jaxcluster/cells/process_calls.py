@@ -24,7 +24,7 @@ from ipyparallel.error import EngineError, RemoteError
 from ..engine import calls as registry
 from ..engine import inbox
 from ..errors import engine_error_message
-from .backchannel import BackChannel, CallError, Replies, collect
+from .backchannel import NO_ANSWER, BackChannel, CallError, Replies, collect
 from .inboxes import Inboxes, Pending
 
 Request = tuple[Callable[..., Any], tuple[Any, ...]]  # an engine function and its arguments
@@ -129,6 +129,11 @@ class ProcessCalls:
         msg_ids.extend(sent.msg_ids)
         sent.add_done_callback(lambda done: _settle(answer, done))
         return answer
+
+
+def timed_out(error: str) -> bool:
+    """Whether a call's error (of ``ask``, ``call``) is that no answer came in time."""
+    return error.startswith(NO_ANSWER)
 
 
 def _message(function: Callable[..., Any], args: tuple[Any, ...]) -> bytes | None:

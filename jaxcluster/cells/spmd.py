@@ -21,7 +21,7 @@ from typing import Any
 
 from ..errors import UNKNOWN_ERROR, remote_error
 from ..render.labels import process_label
-from . import asks, evidence, global_values, hang, interrupts, requests
+from . import asks, evidence, global_values, hang, health_reports, interrupts, requests
 from .handle import ClusterHandle
 from .health_reports import CellReports
 from .live import Relay
@@ -86,6 +86,7 @@ def run(
         finally:
             cell.close()
             reports.report(result)  # before a restart, which gives the feed new processes
+            health_reports.ask_memory(cluster.calls, chosen, cluster.health_feed)
     result.elapsed = time.monotonic() - began
     idle = not any(p.state in ("running", "stuck", "died") for p in result.processes)
     view = cluster.view if not result.outside else cluster.client[

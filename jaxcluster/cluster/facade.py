@@ -204,12 +204,17 @@ class JaxCluster:
                 "A cluster is already running. Stop it first (%jax_cluster stop) or restart it "
                 "(%jax_cluster restart)."
             )
+        self._start(progress, HealthFeed())
+        return self
+
+    def _start(self, progress: Progress | None, feed: HealthFeed) -> None:
+        """``start``, its processes reported to ``feed``."""
         began = time.perf_counter()
         deadline = bringup.deadline_for(self.options)
         self.options.check_fits()  # before anything starts
         synced = self._checked_sync()
         work_dir = tempfile.mkdtemp(prefix="jaxcluster-")
-        running = self._running = RunningCluster(self.options.launcher, work_dir)
+        running = self._running = RunningCluster(self.options.launcher, work_dir, feed=feed)
         try:
             launched = running.launched = bringup.plan(self.options, work_dir)
             self.cluster_id = launched.ipp_cluster.cluster_id
@@ -222,17 +227,21 @@ class JaxCluster:
             self.stop()
             raise
         self.startup_seconds = time.perf_counter() - began
-        return self
 
     def stop(self) -> None:
         """Stop every engine and the controller, and the health feed's poller. Safe to call
         twice."""
+        self._stop(keep_feed=False)
+
+    def _stop(self, keep_feed: bool) -> None:
+        """``stop``; with ``keep_feed``, the health feed stays open, showing no processes (a
+        restart that replaces the controller: its subscribers see the new ones)."""
         bringup.stopped(self)
         if self.synced is not None and self.running:
             self.synced.remove_copies(self)
         running, self._running = self._running, None
         if running is not None:
-            running.stop(self.options, self._loop)
+            running.stop(self.options, self._loop, keep_feed)
         self._loop.close()
 
     def restart(self, progress: Progress | None = None, replay: bool = True) -> JaxCluster:
@@ -258,8 +267,9 @@ class JaxCluster:
         self.last_replay = None
         controller = launched.ipp_cluster.controller
         if controller is None or not controller.running:
-            self.stop()
-            self.start(progress)
+            feed = self._running.feed  # its subscribers follow the new controller's processes
+            self._stop(keep_feed=True)
+            self._start(progress, feed)
         else:
             self._running.drop_processes()
             try:
@@ -275,8 +285,9 @@ class JaxCluster:
         return self
 
     def status(self) -> list[ProcessStatus]:
-        """One row per JAX process: where it runs and whether it is idle, busy or dead."""
-        return self._require_running().health().status()
+        """One row per JAX process: where it runs, whether it is idle, busy or dead, and its
+        health feed's row (``.health``), with the memory it and its devices hold."""
+        return self._require_running().status()
 
     def summary(self) -> str:
         """``4 processes × 2 cpu devices = 8 global devices, ready in 5.2 s``."""
@@ -331,15 +342,14 @@ class JaxCluster:
 
     def devices(self, process_index: int | None = None) -> list[dict]:
         """Device records (see ``layout.device_record``) of every process, or of one."""
-        self._require_running()
-        return queries.devices(self.client, self.processes, process_index, self.timeout)
+        running = self._require_running()
+        return queries.devices(running.calls, [p.process_index for p in running.processes],
+                               process_index, self.timeout)
 
     def array_layout(self, name: str, process_index: int = 0) -> dict:
         """The sharding layout of the global ``jax.Array`` named ``name`` on the engines."""
-        self._require_running()
-        return queries.array_layout(
-            self.client, self.processes, name, process_index, self.timeout
-        )
+        return queries.array_layout(self._require_running().calls, name, process_index,
+                                    self.timeout)
 
     def pull(self, name: str, process: int | str = 0, shared_memory: bool = True) -> Any:
         """The engines' variable ``name`` as a value here; jax.Arrays arrive as NumPy arrays.

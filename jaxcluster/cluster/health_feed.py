@@ -1,13 +1,16 @@
 """A running cluster's health feed: each process's state, kept up to date, offered to
 subscribers as immutable snapshots (``contracts.HealthSnapshot``).
 
-Two publishers. The watcher of a ``%%spmd`` cell (``cells/spmd.py``) says what the processes
+Three publishers. The watcher of a ``%%spmd`` cell (``cells/spmd.py``) says what the processes
 it runs on do: running cell N, waiting in a multi-process program, asking for input, in the
-debugger, ended. The poller, this module's thread, looks every ``POLL_EVERY`` seconds at what
-needs no engine's answer: deaths (the launchers' records, the process table of this host, the
-heartbeat as ipyparallel's client last heard it) and the resident memory of engines on this
-host. It asks no engine anything, so it never waits on a busy main thread, never starts a
-collective, and never calls ipyparallel's client: that stays with the thread that runs cells.
+debugger, ended. The processes themselves say what memory they and their devices hold, asked
+(``engine/calls.py``'s ``memory``, on their control thread) at the end of each cell and by
+``%jax_cluster status``: memory changes while code runs. The poller, this module's thread,
+looks every ``POLL_EVERY`` seconds at what needs no engine's answer: deaths (the launchers'
+records, the process table of this host, the heartbeat as ipyparallel's client last heard it)
+and the resident memory of engines on this host. It asks no engine anything, so it never waits
+on a busy main thread, never starts a collective, and never calls ipyparallel's client: that
+stays with the thread that runs cells.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 
-from ..contracts import DEAD, HealthSnapshot, ProcessHealth
+from ..contracts import DEAD, DeviceMemory, HealthSnapshot, ProcessHealth
 
 POLL_EVERY = 1.0  # seconds between the poller's looks
 JOIN_SECONDS = 5.0  # how long ``Poller.stop`` waits for a look in progress
@@ -26,6 +29,7 @@ THREAD_NAME = "jaxcluster-health"
 
 Subscriber = Callable[[HealthSnapshot], None]
 Look = Callable[[], tuple[Mapping[int, str], Mapping[int, int | None]]]  # deaths, memory
+Told = tuple[int | None, tuple[DeviceMemory, ...]]  # what a process said: its RSS, its devices'
 
 
 class HealthFeed:
@@ -37,7 +41,8 @@ class HealthFeed:
         self._lock = threading.RLock()  # a subscriber may read the feed, or unsubscribe
         self._activity: dict[int, ProcessHealth] = {}  # what cells said, by process index
         self._deaths: dict[int, str] = {}  # what the poller found dead stays dead
-        self._memory: dict[int, int | None] = {}
+        self._memory: dict[int, int | None] = {}  # the poller's (engines on this host)
+        self._told: dict[int, Told] = {}  # what the processes said of their memory
         self._snapshot = HealthSnapshot()
         self._subscribers: dict[object, Subscriber] = {}
         self.closed = False
@@ -66,7 +71,7 @@ class HealthFeed:
         """New processes (a start, a restart): all idle."""
         with self._lock:
             self._activity = {i: ProcessHealth(i) for i in processes}
-            self._deaths, self._memory = {}, {}
+            self._deaths, self._memory, self._told = {}, {}, {}
             self._publish()
 
     def report_cell(self, activity: Mapping[int, ProcessHealth]) -> None:
@@ -82,11 +87,17 @@ class HealthFeed:
             self._memory = dict(memory)
             self._publish()
 
+    def report_memory(self, told: Mapping[int, Told]) -> None:
+        """What processes said of their memory (``cells.health_reports.ask_memory``)."""
+        with self._lock:
+            self._told.update((i, t) for i, t in told.items() if i in self._activity)
+            self._publish()
+
     def close(self) -> None:
         with self._lock:
             self.closed = True
             self._subscribers.clear()
-            self._activity, self._deaths, self._memory = {}, {}, {}
+            self._activity, self._deaths, self._memory, self._told = {}, {}, {}, {}
             self._snapshot = HealthSnapshot(taken=time.time())
 
     def _publish(self) -> None:
@@ -99,7 +110,9 @@ class HealthFeed:
             if index in self._deaths:
                 row = ProcessHealth(index, DEAD, reason=self._deaths[index],
                                     last_line=row.last_line)
-            row = replace(row, rss=self._memory.get(index))
+            told_rss, devices = self._told.get(index, (None, ()))
+            rss = self._memory.get(index)  # the poller's is the fresher, where it has one
+            row = replace(row, rss=told_rss if rss is None else rss, device_memory=devices)
             old = before.get(index)
             same = old is not None and (old.state, old.cell) == (row.state, row.cell)
             rows.append(replace(row, since=old.since if same and old else now))

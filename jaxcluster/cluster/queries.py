@@ -7,11 +7,11 @@ import sys
 
 import ipyparallel as ipp
 
-from ..contracts import ProcessInfo
+from ..cells.process_calls import ProcessCalls, timed_out
 from ..engine import jax_internals
 from ..engine import process as _engine
-from ..errors import ConfigError, JaxClusterError, engine_error_message
-from .gather import gather
+from ..errors import ConfigError, JaxClusterError
+from ..render.labels import format_ranges, process_label
 
 NO_BACKEND_NOTE = (
     "No cluster is running, and JAX has no backend in this notebook's process: %jax_devices "
@@ -39,49 +39,45 @@ def notebook_devices() -> tuple[list[dict], str]:
     return [device_record(d, host) for d in jax.local_devices()], OWN_DEVICES_NOTE
 
 
-def devices(
-    client: ipp.Client, processes: list[ProcessInfo], process_index: int | None, timeout: float
-) -> list[dict]:
-    """Device records (see ``layout.device_record``) of every process, or of one."""
-    if process_index is not None and not 0 <= process_index < len(processes):
+def devices(calls: ProcessCalls, indices: list[int], process_index: int | None,
+            timeout: float) -> list[dict]:
+    """Device records (see ``layout.device_record``) of the processes ``indices``, or of one."""
+    if process_index is not None and process_index not in indices:
         raise ConfigError(
             f"There is no process {process_index}: this cluster has processes "
-            f"0-{len(processes) - 1}."
+            f"{format_ranges(indices)}."
         )
-    indices = range(len(processes)) if process_index is None else [process_index]
-    pending = {
-        processes[i].engine_id: client[processes[i].engine_id].apply_async(
-            _engine.device_records
-        )
-        for i in indices
-    }
-    gathered = gather(pending, [p.engine_id for p in processes], "list the devices", timeout)
-    return [record for eid in pending for record in gathered[eid]]
+    chosen = indices if process_index is None else [process_index]
+    records, errors = calls.call(chosen, _engine.device_records, timeout=timeout)
+    if errors:
+        lines = [f"  {process_label([i])}: {errors[i]}" for i in sorted(errors)]
+        raise JaxClusterError(
+            f"Could not list the devices of {process_label(sorted(errors))}; the cluster runs "
+            "on. Try again when they are idle (%jax_cluster status).\n" + "\n".join(lines))
+    return [record for i in chosen for record in records[i]]
 
 
-def array_layout(
-    client: ipp.Client, processes: list[ProcessInfo], name: str, process_index: int,
-    timeout: float,
-) -> dict:
+def array_layout(calls: ProcessCalls, name: str, process_index: int, timeout: float) -> dict:
     """The sharding layout of the global ``jax.Array`` named ``name`` on the engines."""
     from ..render.layout import array_layout as layout_of
 
-    engine = client[processes[process_index].engine_id]
-    try:
-        layout: dict = engine.apply_async(layout_of, ipp.Reference(name)).get(timeout)
-    except ipp.error.RemoteError as e:
-        if e.ename == "NameError":
-            raise ConfigError(
-                f"{name!r} is not defined on process {process_index}. Define it in a "
-                "%%spmd cell first."
-            ) from None
-        raise JaxClusterError(
-            f"Could not read the sharding of {name!r} on process {process_index}: "
-            f"{engine_error_message(e)}. Is it a jax.Array?"
-        ) from None
-    except TimeoutError:
+    layouts, errors = calls.call([process_index], layout_of, ipp.Reference(name),
+                                 timeout=timeout)
+    error = errors.get(process_index)
+    if error is not None and error.startswith("NameError"):
+        raise ConfigError(
+            f"{name!r} is not defined on process {process_index}. Define it in a %%spmd cell "
+            "first."
+        )
+    if error is not None and timed_out(error):
         raise JaxClusterError(
             f"Process {process_index} did not answer within {timeout:g} s: it is busy (a cell "
             "still running?). Try again when it is idle (%jax_cluster status)."
-        ) from None
+        )
+    if error is not None:
+        raise JaxClusterError(
+            f"Could not read the sharding of {name!r} on process {process_index}: {error}. "
+            "Is it a jax.Array?"
+        )
+    layout: dict = layouts[process_index]
     return layout

@@ -3,21 +3,23 @@ drops, and the ``JaxCluster`` attributes read from it (``RunningAttribute``).
 
 It holds ipyparallel's client, what the launcher started (with the lines to the hosts), the
 processes and the calls to them, the file server, the work folder, and the health feed with its
-poller. A restart that keeps the controller keeps it, with new processes; ``stop`` lets go of
-all of it, the poller's thread included.
+poller. A restart that keeps the controller keeps it, with new processes; one that replaces
+the controller makes a new one around the same feed; ``stop`` lets go of all of it, the
+poller's thread included.
 """
 
 from __future__ import annotations
 
 import shutil
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Generic, TypeVar
 
 import ipyparallel as ipp
 
+from ..cells.health_reports import ask_memory
 from ..cells.process_calls import ProcessCalls
-from ..contracts import ProcessInfo
+from ..contracts import ProcessInfo, ProcessStatus
 from . import bringup, distributed
 from .event_loop import LoopThread
 from .health import Health
@@ -25,6 +27,7 @@ from .health_feed import HealthFeed, Poller
 from .options import ClusterOptions
 
 T = TypeVar("T")
+STATUS_WAIT = 2.0  # seconds ``status`` waits for the processes to say what memory they hold
 
 
 @dataclass(eq=False)
@@ -87,11 +90,24 @@ class RunningCluster:
         return Health(self.launcher, self.client, self.processes,
                       self.launched.ipp_cluster if self.launched else None)
 
-    def stop(self, options: ClusterOptions, loop: LoopThread) -> None:
+    def status(self) -> list[ProcessStatus]:
+        """Each process's row: whether it is idle, busy or dead (the controller's and the
+        launcher's word), with the feed's, once the living ones said what memory they hold."""
+        rows = self.health().status()
+        alive = [row.process_index for row in rows if row.state != "dead"]
+        ask_memory(self.calls, alive, self.feed, wait=STATUS_WAIT)
+        feed = {p.process_index: p for p in self.feed.snapshot().processes}
+        return [replace(row, health=feed.get(row.process_index)) for row in rows]
+
+    def stop(self, options: ClusterOptions, loop: LoopThread, keep_feed: bool = False) -> None:
         """Stop the engines and the controller we started (only disconnect from those we did
-        not), and let go of everything held here."""
+        not), and let go of everything held here; the feed too, unless ``keep_feed`` (it then
+        shows no processes)."""
         self._stop_polling()
-        self.feed.close()
+        if keep_feed:
+            self.feed.reset([])
+        else:
+            self.feed.close()
         self.view = None
         self.processes = []
         self.machines, self.here = [], set()

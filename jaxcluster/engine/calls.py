@@ -2,11 +2,12 @@
 envelope that the inbox (``inbox.py``) and the back channel (``backchannel.py``) both give.
 
 ``CONTROL`` calls run on the control thread at once, also while the main thread is busy in a
-cell: where the main thread is, this cell's dispatch counts, an interrupt, the answer to a read
-of stdin. ``MAIN`` calls run on the main thread between requests, as an ipyparallel request
-would: a cell, a push's file assigned or released. A request is JSON, ``{"call": name, "args":
-[...]}``, never a pickle; its answer is ``{"value": ...}`` or ``{"error": "Type: message"}``,
-sent when the call ends (a cell that awaits at top level ends on the event loop, later).
+cell: where the main thread is, its memory and its devices', this cell's dispatch counts, an
+interrupt, the answer to a read of stdin. ``MAIN`` calls run on the main thread between
+requests, as an ipyparallel request would: a cell, a push's file assigned or released. A
+request is JSON, ``{"call": name, "args": [...]}``, never a pickle; its answer is ``{"value":
+...}`` or ``{"error": "Type: message"}``, sent when the call ends (a cell that awaits at top
+level ends on the event loop, later).
 """
 
 from __future__ import annotations
@@ -19,7 +20,9 @@ import traceback
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from . import cells, data, dispatch, stdin
+import psutil
+
+from . import cells, data, dispatch, jax_internals, stdin
 
 Reply = dict[str, Any]
 
@@ -36,8 +39,22 @@ def where() -> dict[str, Any]:
     return {"stack": stack, "dispatch": dispatch.latest(), "asking": stdin.asking()}
 
 
+def memory() -> dict[str, Any]:
+    """This process's resident memory in bytes, and per local device ``[id, bytes in use,
+    peak]`` where JAX reports them (None where it does not: CPU devices). No devices before JAX
+    made its backends: asking for them would make them, here, on the control thread."""
+    devices = []
+    if jax_internals.backends_initialized():
+        import jax
+
+        for device in jax.local_devices():
+            stats = device.memory_stats() or {}
+            devices.append([device.id, stats.get("bytes_in_use"), stats.get("peak_bytes_in_use")])
+    return {"rss": psutil.Process().memory_info().rss, "devices": devices}
+
+
 CONTROL: dict[str, Callable[..., Any]] = {
-    f.__name__: f for f in (where, dispatch.counts, cells.interrupt, stdin.answer)}
+    f.__name__: f for f in (where, memory, dispatch.counts, cells.interrupt, stdin.answer)}
 MAIN: dict[str, Callable[..., Any]] = {
     f.__name__: f for f in (data.assign_file, data.release, cells.run_cell)}
 

@@ -6,6 +6,7 @@ Arguments are declared in :mod:`jaxcluster.notebook.magics_args`, output is plan
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -161,7 +162,8 @@ class JaxClusterMagics(ClusterMagicsBase):
     def _status(self, args: Any) -> None:
         cluster = self.require_cluster()
         statuses = cluster.status()
-        show(status_text(statuses), status_html(statuses))
+        now = time.time()
+        show(status_text(statuses, now), status_html(statuses, now))
         if cluster.synced is not None and cluster.synced.receivers:  # copies: say where
             print(cluster.synced.summary([p.host for p in cluster.processes]))
 
