@@ -13,7 +13,7 @@ import pytest
 
 from jaxcluster.cells.health_reports import CellReports
 from jaxcluster.cells.results import ProcessOutput, SPMDResult
-from jaxcluster.cluster.health_feed import THREAD_NAME, HealthFeed
+from jaxcluster.cluster.health_feed import MEMORY_EVERY, THREAD_NAME, HealthFeed
 from jaxcluster.contracts import HealthSnapshot, ProcessHealth
 from jaxcluster.errors import NoClusterError
 from tests.conftest import stopped_at_the_end
@@ -149,6 +149,10 @@ def test_a_killed_engine_is_dead_and_stop_leaves_no_poller() -> None:
         assert cluster.ipp_cluster.controller is not controller
         assert cluster.health_feed is feed and seen[-1].states() == {0: "idle", 1: "idle"}
         assert len(set(pollers()) - others) == 1
+        assert all(p.device_memory == () for p in feed.snapshot().processes)  # nobody said yet
+        time.sleep(MEMORY_EVERY)
+        cluster.run("x = 1").check()  # its end asks them
+        seen_within(feed, lambda s: all(p.device_memory for p in s.processes))
     assert set(pollers()) - others == set()
     assert feed.snapshot().processes == ()
     delivered: list[HealthSnapshot] = []

@@ -86,7 +86,8 @@ def run(
         finally:
             cell.close()
             reports.report(result)  # before a restart, which gives the feed new processes
-            health_reports.ask_memory(cluster.calls, chosen, cluster.health_feed)
+            if cluster.health_feed.memory_due():
+                health_reports.ask_memory(cluster.calls, chosen, cluster.health_feed)
     result.elapsed = time.monotonic() - began
     idle = not any(p.state in ("running", "stuck", "died") for p in result.processes)
     view = cluster.view if not result.outside else cluster.client[

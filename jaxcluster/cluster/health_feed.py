@@ -4,13 +4,13 @@ subscribers as immutable snapshots (``contracts.HealthSnapshot``).
 Three publishers. The watcher of a ``%%spmd`` cell (``cells/spmd.py``) says what the processes
 it runs on do: running cell N, waiting in a multi-process program, asking for input, in the
 debugger, ended. The processes themselves say what memory they and their devices hold, asked
-(``engine/calls.py``'s ``memory``, on their control thread) at the end of each cell and by
-``%jax_cluster status``: memory changes while code runs. The poller, this module's thread,
-looks every ``POLL_EVERY`` seconds at what needs no engine's answer: deaths (the launchers'
-records, the process table of this host, the heartbeat as ipyparallel's client last heard it)
-and the resident memory of engines on this host. It asks no engine anything, so it never waits
-on a busy main thread, never starts a collective, and never calls ipyparallel's client: that
-stays with the thread that runs cells.
+(``engine/calls.py``'s ``memory``, on their control thread) at the end of a cell (at most
+every ``MEMORY_EVERY`` seconds) and by ``%jax_cluster status``: memory changes while code
+runs. The poller, this module's thread, looks every ``POLL_EVERY`` seconds at what needs no
+engine's answer: deaths (the launchers' records, the process table of this host, the heartbeat
+as ipyparallel's client last heard it) and the resident memory of engines on this host. It asks
+no engine anything, so it never waits on a busy main thread, never starts a collective, and
+never calls ipyparallel's client: that stays with the thread that runs cells.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from dataclasses import replace
 from ..contracts import DEAD, DeviceMemory, HealthSnapshot, ProcessHealth
 
 POLL_EVERY = 1.0  # seconds between the poller's looks
+MEMORY_EVERY = 2.0  # seconds at least between cells' ends that ask the processes' memory
 JOIN_SECONDS = 5.0  # how long ``Poller.stop`` waits for a look in progress
 THREAD_NAME = "jaxcluster-health"
 
@@ -45,6 +46,7 @@ class HealthFeed:
         self._told: dict[int, Told] = {}  # what the processes said of their memory
         self._snapshot = HealthSnapshot()
         self._subscribers: dict[object, Subscriber] = {}
+        self._memory_asked = float("-inf")  # ``time.monotonic()`` of the last ask
         self.closed = False
 
     def snapshot(self) -> HealthSnapshot:
@@ -86,6 +88,17 @@ class HealthFeed:
             self._deaths.update((i, d) for i, d in deaths.items() if i in self._activity)
             self._memory = dict(memory)
             self._publish()
+
+    def memory_due(self) -> bool:
+        """Whether a cell's end should ask the processes' memory, and if so, noted as asked:
+        at most every ``MEMORY_EVERY`` seconds, so that quick cells one after another do not
+        each pay for it (``status`` asks at any time)."""
+        with self._lock:
+            now = time.monotonic()
+            if self.closed or now - self._memory_asked < MEMORY_EVERY:
+                return False
+            self._memory_asked = now
+            return True
 
     def report_memory(self, told: Mapping[int, Told]) -> None:
         """What processes said of their memory (``cells.health_reports.ask_memory``)."""
