@@ -4,7 +4,8 @@ offers ``spmd`` (``run``, ``SPMDResult``), ``calls`` (a function run as a cell),
 (outputs as they come), ``recovery`` (setup cells, replayed), ``process_calls`` (calls to
 processes by index: inbox, back channel or ipyparallel), ``interrupts`` (the stop button, noted
 while a cell runs), ``health_reports`` (what the health feed is told: ``ask_memory``) and
-``handle`` (what cells and data need of a cluster)."""
+``handle`` (what cells and data need of a cluster), ``carry`` (each process's state across a
+restart)."""
 
-__all__ = ["calls", "handle", "health_reports", "interrupts", "live", "process_calls",
+__all__ = ["calls", "carry", "handle", "health_reports", "interrupts", "live", "process_calls",
            "recovery", "spmd"]

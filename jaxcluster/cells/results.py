@@ -43,6 +43,7 @@ class SPMDResult:
     restart_reason: str = ""  # why a restart is needed; "" when none is
     restart_summary: str = ""  # the restarted cluster: "4 processes × … ready in 5.2 s"
     replay: Any = None  # recovery.Replay of the setup cells after the restart
+    carried: Any = None  # carry.Carried: the state the restart carried, if it did
     live: Relay | None = None  # every process's outputs, message by message, as they came
     values: Any = None  # global_values.Resolution: global arrays printed, and what they cost
 

@@ -98,11 +98,15 @@ def run(
             on_update(result)  # the report is shown now, not after the restart
         if recover:
             try:
-                (on_restart or cluster.restart)()
+                if on_restart is not None:
+                    on_restart()
+                else:
+                    cluster.restart(keep_state=cluster.keep_state)
                 result.restarted = True
                 summary = getattr(cluster, "summary", None)
                 result.restart_summary = summary() if callable(summary) else ""
                 result.replay = getattr(cluster, "last_replay", None)
+                result.carried = getattr(cluster, "last_carried", None)
             except Exception as e:  # reported with the cell, never raised over it
                 result.restart_error = str(e)
     return result

@@ -17,7 +17,7 @@ from typing import Any
 
 import ipyparallel as ipp
 
-from ..cells import recovery
+from ..cells import carry, recovery
 from ..cells.process_calls import ProcessCalls
 from ..contracts import ProcessInfo, ProcessStatus, Progress
 from ..data import Synced
@@ -59,6 +59,7 @@ class JaxCluster:
         coordinator: str | None = None,
         allow_version_skew: bool = False,
         sync: bool | str = True,
+        keep_state: bool = True,
     ) -> None:
         # the keywords as given: the signature spells them out for type checkers and IDEs, and
         # tests/test_options_declared_once.py checks it against the declaration
@@ -71,6 +72,7 @@ class JaxCluster:
         # cells run with setup=True, replayed in order on their targets after every restart
         self.setup_cells: list[recovery.SetupCell] = []
         self.last_replay: recovery.Replay | None = None  # what the latest restart replayed
+        self.last_carried: carry.Carried | None = None  # the state it carried, if it did
 
     # -- the options, as given -----------------------------------------------------------------
 
@@ -88,6 +90,7 @@ class JaxCluster:
     ip: OptionAttribute[str | None] = OptionAttribute()
     coordinator_override: OptionAttribute[str | None] = OptionAttribute("coordinator")
     allow_version_skew: OptionAttribute[bool] = OptionAttribute()
+    keep_state: OptionAttribute[bool] = OptionAttribute()  # automatic restarts carry state
 
     # -- the running cluster's, empty while none runs --------------------------------------------
 
@@ -244,9 +247,12 @@ class JaxCluster:
             running.stop(self.options, self._loop, keep_feed)
         self._loop.close()
 
-    def restart(self, progress: Progress | None = None, replay: bool = True) -> JaxCluster:
+    def restart(self, progress: Progress | None = None, replay: bool = True,
+                keep_state: bool = False) -> JaxCluster:
         """Fresh engines and a fresh ``jax.distributed`` with the same options, then the setup
-        cells replayed in order (``replay``); ``last_replay`` says how that went.
+        cells replayed in order (``replay``); ``last_replay`` says how that went. With
+        ``keep_state``, each living process's state is written on its host first and put back
+        after the replay (``last_carried`` says what was, and what was not).
 
         JAX cannot be initialized twice in one process, so engines are replaced; the controller
         stays when it is healthy. A failing setup cell is reported in ``last_replay``, not
@@ -264,7 +270,8 @@ class JaxCluster:
                 "No cluster to restart. Start one with %jax_cluster start --nodes N."
             )
         began = time.perf_counter()
-        self.last_replay = None
+        self.last_replay = self.last_carried = None
+        carried = self._carry_out(progress) if keep_state else None
         controller = launched.ipp_cluster.controller
         if controller is None or not controller.running:
             feed = self._running.feed  # its subscribers follow the new controller's processes
@@ -282,7 +289,17 @@ class JaxCluster:
             self.startup_seconds = time.perf_counter() - began
         if replay and self.setup_cells:
             self.last_replay = recovery.replay(self, self.setup_cells)
+        if carried is not None:
+            carry.give_back(self.calls, carried, self.timeout)
+            self.last_carried = carried
         return self
+
+    def _carry_out(self, progress: Progress | None) -> carry.Carried:
+        """Each living process's state, written on its host (``cells/carry.py``)."""
+        running = self._require_running()
+        health = running.health()
+        return carry.take(running.calls, [p.process_index for p in running.processes],
+                          lambda: health.dead_processes(reap_seconds=0), self.timeout, progress)
 
     def status(self) -> list[ProcessStatus]:
         """One row per JAX process: where it runs, whether it is idle, busy or dead, and its

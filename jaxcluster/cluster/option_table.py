@@ -301,6 +301,17 @@ OPTIONS: tuple[Option, ...] = (
         help="connect: path of the controller's client JSON file.",
     ),
     Option(
+        "keep_state", ("--no-keep-state",), START, Switch(sets=False), default=True,
+        annotation="bool", check=bool,
+        help="automatic restarts (after a hang, a death, a process that cannot be stopped) "
+        "start the processes empty instead of carrying each one's state across.",
+    ),
+    Option(
+        None, ("--keep-state",), ("restart",), Switch(),
+        help="restart: carry each process's state across (arrays on the same devices with the "
+        "same shardings, NumPy arrays, functions, whatever can be pickled; the rest is named).",
+    ),
+    Option(
         None, ("--clear",), ("setup",), Switch(),
         help="setup: forget the setup cells (they are no longer replayed after a restart).",
     ),

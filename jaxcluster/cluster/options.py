@@ -59,6 +59,8 @@ class ClusterOptions:
     # the folder made importable on every process (--sync DIR; default the working directory);
     # None: none (--no-sync)
     sync: str | None
+    # automatic restarts carry each process's state (--no-keep-state: they do not)
+    keep_state: bool
 
     @classmethod
     def checked(cls, **given: Any) -> ClusterOptions:

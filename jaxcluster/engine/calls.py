@@ -3,8 +3,9 @@ envelope that the inbox (``inbox.py``) and the back channel (``backchannel.py``)
 
 ``CONTROL`` calls run on the control thread at once, also while the main thread is busy in a
 cell: where the main thread is, its memory and its devices', this cell's dispatch counts, an
-interrupt, the answer to a read of stdin. ``MAIN`` calls run on the main thread between
-requests, as an ipyparallel request would: a cell, a push's file assigned or released. A
+interrupt, the answer to a read of stdin, its state written before a restart (``state``).
+``MAIN`` calls run on the main thread between requests, as an ipyparallel request would: a
+cell, a push's file assigned or released, the state put back after a restart. A
 request is JSON, ``{"call": name, "args": [...]}``, never a pickle; its answer is ``{"value":
 ...}`` or ``{"error": "Type: message"}``, sent when the call ends (a cell that awaits at top
 level ends on the event loop, later).
@@ -22,7 +23,7 @@ from typing import Any
 
 import psutil
 
-from . import cells, data, dispatch, jax_internals, stdin
+from . import cells, data, dispatch, jax_internals, state, stdin
 
 Reply = dict[str, Any]
 
@@ -54,9 +55,10 @@ def memory() -> dict[str, Any]:
 
 
 CONTROL: dict[str, Callable[..., Any]] = {
-    f.__name__: f for f in (where, memory, dispatch.counts, cells.interrupt, stdin.answer)}
+    f.__name__: f for f in (where, memory, dispatch.counts, cells.interrupt, stdin.answer,
+                            state.keep, state.discard)}
 MAIN: dict[str, Callable[..., Any]] = {
-    f.__name__: f for f in (data.assign_file, data.release, cells.run_cell)}
+    f.__name__: f for f in (data.assign_file, data.release, cells.run_cell, state.restore)}
 
 
 def answer(request: bytes | Mapping[str, Any], served: Mapping[str, Callable[..., Any]],

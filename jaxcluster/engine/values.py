@@ -402,6 +402,31 @@ def read_local(data: Any, box: tuple[slice, ...]) -> Any:
     return np.asarray(data[box])
 
 
+def cell() -> int:
+    """The cells this process numbered arrays in: a restart carries it (``state``)."""
+    return int(_state["cell"])
+
+
+def continue_from(cell: int) -> None:
+    """A fresh process goes on from ``cell``: the keys of arrays it makes stay apart from those
+    of the arrays it was given back."""
+    with _changed:
+        _state["cell"] = max(_state["cell"], cell)
+    new_cell()
+
+
+def renumber(arr: Any, key: str) -> None:
+    """Give ``arr`` the key another process's array had (one kept across a restart)."""
+    layout, made_in, number = key.rsplit(".", 2)
+    with _changed:
+        numbered = _numbered.get((layout, int(made_in)))
+        if numbered is None:
+            numbered = _numbered[(layout, int(made_in))] = Numbered(f"{layout}.{made_in}")
+        numbered.count = max(numbered.count, int(number))
+        setattr(arr, NUMBER, (numbered, int(number)))
+        _changed.notify_all()
+
+
 def key_of(arr: Any) -> str | None:
     """The key every process gives ``arr``; None where it was not numbered."""
     number = getattr(arr, NUMBER, None)

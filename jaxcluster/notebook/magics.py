@@ -132,13 +132,16 @@ class JaxClusterMagics(ClusterMagicsBase):
 
     def _restart(self, args: Any) -> None:
         cluster = self.require_cluster()
-        self._run_with_progress("restarting", cluster.restart)
+        self._run_with_progress(
+            "restarting", lambda progress: cluster.restart(progress, keep_state=args.keep_state))
         replay = cluster.last_replay
         lines = cell_render.replay_lines(replay)
         if replay is not None and not replay.ok:
             raise SPMDError(lines[0], lines)  # never hidden: the failing cell's own error
         if lines:
             print(lines[0])
+        if cluster.last_carried is not None:
+            print(cluster.last_carried.summary())
 
     def _setup(self, args: Any) -> None:
         cluster = self.require_cluster()

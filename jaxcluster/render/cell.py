@@ -113,10 +113,15 @@ def failure_lines(result: Any) -> list[str]:
     if result.restarted:
         why = f" because {result.restart_reason}" if result.restart_reason else ""
         ready = f" ({result.restart_summary})" if getattr(result, "restart_summary", "") else ""
-        lines.append(
-            f"The cluster was restarted{why}{ready}. Engines and jax.distributed are fresh, and "
-            "every process's state (variables, arrays, compiled functions) was lost."
-        )
+        carried = getattr(result, "carried", None)
+        if carried is None:
+            lines.append(
+                f"The cluster was restarted{why}{ready}. Engines and jax.distributed are fresh, "
+                "and every process's state (variables, arrays, compiled functions) was lost."
+            )
+        else:
+            lines.append(f"The cluster was restarted{why}{ready}. Engines and jax.distributed "
+                         f"are fresh. {carried.summary()}")
         lines.extend(replay_lines(result.replay))
     elif result.restart_error:
         lines.append(f"Restarting the cluster failed: {result.restart_error}")

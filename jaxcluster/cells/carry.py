@@ -1,0 +1,112 @@
+"""Each process's state carried across a restart (issue 43; ``engine/state.py`` does the work).
+
+Before the engines are replaced, every living process is asked, on its control thread (it may
+be stuck in a collective), to write its namespace on its own host; after the fresh engines
+started and the setup cells replayed, each fresh process puts back what its predecessor of the
+same index wrote. Nothing crosses hosts or comes through the notebook: only the folder's path
+does. A process that died, or did not answer, keeps nothing, and is named; so is every value
+that could not be written or put back.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..contracts import Progress
+from ..engine import state
+from ..render.labels import process_label
+from .process_calls import ProcessCalls
+
+STAGE = "state kept"  # the progress stage while the processes write their state
+LOOK_EVERY = 0.5  # seconds between looks for processes that died while asked
+MOST_NAMED = 6  # values named per process in a report, before "and N more"
+
+
+@dataclass
+class Carried:
+    """What a restart carried: per process, ``keep``'s answer (``kept``, ``not_kept``, ``bytes``,
+    ``path``), ``restore``'s (``not_restored``), and the processes that kept nothing, with why."""
+
+    taken: dict[int, dict[str, Any]] = field(default_factory=dict)
+    lost: dict[int, str] = field(default_factory=dict)
+    restored: dict[int, dict[str, Any]] = field(default_factory=dict)
+    seconds: float = 0.0
+
+    def summary(self) -> str:
+        """One paragraph: what was kept, on which processes, and what was not."""
+        kept = sorted(i for i in self.taken if i in self.restored)
+        total = sum(self.taken[i]["bytes"] for i in kept)
+        names = sorted({n for i in kept for n in self.restored[i].get("restored", [])})
+        parts = []
+        if kept:
+            parts.append(f"Each process's state was carried across the restart "
+                         f"({_count(names, 'name')} on {process_label(kept)}, "
+                         f"{total / 2**20:.0f} MiB, {self.seconds:.1f} s).")
+        else:
+            parts.append("No process's state was carried across the restart.")
+        for process, why in sorted(self.lost.items()):
+            parts.append(f"{process_label([process])} kept nothing: {why}.")
+        for process in kept:
+            missing = {**self.taken[process]["not_kept"],
+                       **self.restored[process].get("not_restored", {})}
+            if missing:
+                shown = [f"{name} ({why})" for name, why in sorted(missing.items())]
+                more = len(shown) - MOST_NAMED
+                listed = ", ".join(shown[:MOST_NAMED]) + (f" and {more} more" if more > 0 else "")
+                parts.append(f"{process_label([process])} did not carry: {listed}.")
+        return " ".join(parts)
+
+
+def take(calls: ProcessCalls, processes: list[int], dead_now: Callable[[], dict[int, str]],
+         timeout: float, progress: Progress | None = None) -> Carried:
+    """Ask the living processes to write their state on their hosts; ``dead_now`` says which
+    died (looked at again while waiting: a process may be dying as the restart begins)."""
+    began = time.monotonic()
+    dead = dead_now()
+    carried = Carried(lost={i: f"it died ({why})" for i, why in dead.items() if i in processes})
+    alive = [i for i in processes if i not in dead]
+    if progress is not None:
+        progress(STAGE, 0, len(alive))
+    sent = calls.start({i: (state.keep, ()) for i in alive})
+    pending = dict(sent.answers)
+    while pending and time.monotonic() < began + timeout:
+        concurrent.futures.wait(pending.values(), timeout=LOOK_EVERY,
+                                return_when=concurrent.futures.FIRST_COMPLETED)
+        for process, answer in list(pending.items()):
+            if answer.done():
+                del pending[process]
+                try:
+                    carried.taken[process] = answer.result()
+                except Exception as e:  # refused, or its engine went away
+                    carried.lost[process] = f"it did not write its state ({e})"
+                if progress is not None:
+                    progress(STAGE, len(alive) - len(pending), len(alive))
+        if pending:
+            for process, why in dead_now().items():
+                if pending.pop(process, None) is not None:
+                    carried.lost[process] = f"it died ({why})"
+    for process in pending:
+        carried.lost[process] = f"it did not write its state within {timeout:g} s"
+    sent.finish()
+    carried.seconds = time.monotonic() - began
+    return carried
+
+
+def give_back(calls: ProcessCalls, carried: Carried, timeout: float) -> None:
+    """Each fresh process puts back what its predecessor of the same index wrote."""
+    began = time.monotonic()
+    paths = {i: taken["path"] for i, taken in carried.taken.items()}
+    answers, errors = calls.ask({i: (state.restore, (path,)) for i, path in paths.items()},
+                                timeout)
+    carried.restored.update(answers)
+    for process, error in errors.items():
+        carried.lost[process] = f"its state could not be put back ({error})"
+    carried.seconds += time.monotonic() - began
+
+
+def _count(items: list[str], noun: str) -> str:
+    return f"{len(items)} {noun}{'' if len(items) == 1 else 's'}"

@@ -1,0 +1,116 @@
+"""A forced restart keeps every process's state (issue 43): each kind of value carried across a
+restart forced by a skipped collective, by a killed process (its own state named as lost), and
+by ``restart(keep_state=True)``; what cannot be carried named; nothing left on the hosts."""
+
+from __future__ import annotations
+
+import glob
+import os
+import signal
+import tempfile
+
+import pytest
+
+from jaxcluster.render.cell import failure_lines
+from tests.conftest import stopped_at_the_end
+
+MAKE = """\
+import jax, jax.numpy as jnp, numpy as np, optax
+from jax.sharding import NamedSharding, PartitionSpec as P
+from flax import nnx
+
+mesh = jax.make_mesh((4, 2), ("data", "model"))
+w = jax.device_put(jnp.arange(64.0).reshape(8, 8), NamedSharding(mesh, P("data", "model")))
+b = jax.device_put(jnp.ones(3), NamedSharding(mesh, P()))
+table = np.arange(12).reshape(3, 4) * (jax.process_index() + 1)
+losses = [0.5, 0.25, jax.process_index()]
+config = {"lr": 1e-3, "name": f"run-{jax.process_index()}"}
+scale = jax.jit(lambda x: x * 3)
+
+class Tiny(nnx.Module):
+    def __init__(self, rngs):
+        self.linear = nnx.Linear(2, 3, rngs=rngs)
+    def __call__(self, x):
+        return self.linear(x)
+
+model = Tiny(nnx.Rngs(0))
+optimizer = nnx.Optimizer(model, optax.adam(1e-2), wrt=nnx.Param)
+def loss_fn(m):
+    return jnp.mean(m(jnp.ones((4, 2))) ** 2)
+optimizer.update(model, nnx.grad(loss_fn)(model))
+log = open(os.devnull, "w")
+squares = (i * i for i in range(3))
+"""
+
+# each process's view of every kind, printed the same before and after the restart
+LOOK = """\
+print(w.sharding.spec, sorted(d.id for d in w.sharding.device_set) == sorted(d.id for d in mesh.devices.flat), float(w.sum()))
+print(b.sharding.is_fully_replicated, np.asarray(b).tolist())
+print(table.sum(), losses, config)
+print(scale(jnp.arange(3.0)).tolist())
+print(round(float(loss_fn(model)), 6), int(optimizer.step.value))
+print(type(model.linear.kernel.value).__name__)
+"""
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    from jaxcluster import JaxCluster
+
+    c = JaxCluster(nodes=4, devices_per_node=2, platform="cpu", timeout=60)
+    c.start()
+    with stopped_at_the_end(c):
+        yield c
+
+
+def made(cluster) -> str:
+    cluster.run("import os\n" + MAKE).check()
+    before = cluster.run(LOOK)
+    before.check()
+    return before.processes[0].stdout
+
+
+def kept_folders() -> set[str]:
+    return set(glob.glob(os.path.join(tempfile.gettempdir(), "jaxcluster-kept-*")))
+
+
+def test_a_skipped_collective_restarts_and_every_kind_is_carried(cluster) -> None:
+    before = made(cluster)
+    folders = kept_folders()
+    pids = [p.pid for p in cluster.processes]
+    result = cluster.run(
+        "from jax.experimental import multihost_utils\n"
+        "if jax.process_index() != 2:\n"
+        "    multihost_utils.process_allgather(jnp.ones(2))\n", hang_after=2)
+    assert result.failure == "hang" and result.restarted, result
+    assert [p.pid for p in cluster.processes] != pids
+    after = cluster.run(LOOK)
+    after.check()
+    assert [p.stdout for p in after.processes] == [p.stdout for p in cluster.run(LOOK).processes]
+    assert after.processes[0].stdout == before
+    summary = result.carried.summary()
+    assert summary.startswith("Each process's state was carried across the restart"), summary
+    assert "log (an open file)" in summary and "squares (a generator)" in summary
+    report = "\n".join(failure_lines(result))
+    assert "was lost" not in report and summary in report
+    assert kept_folders() == folders  # the fresh processes removed what they put back
+
+
+def test_a_killed_process_keeps_nothing_and_the_others_keep_theirs(cluster) -> None:
+    made(cluster)
+    os.kill(cluster.processes[3].pid, signal.SIGKILL)
+    result = cluster.run("x = 1", hang_after=2)
+    assert result.restarted and result.carried is not None
+    assert 3 in result.carried.lost and "died" in result.carried.lost[3]
+    after = cluster.run("print('losses' in globals(), 'w' in globals())")
+    assert [p.stdout for p in after.processes] == ["True True\n"] * 3 + ["False False\n"]
+
+
+def test_restart_with_keep_state_carries_and_without_it_does_not(cluster) -> None:
+    before = made(cluster)
+    cluster.restart(keep_state=True)
+    assert cluster.last_carried is not None and not cluster.last_carried.lost
+    assert cluster.run(LOOK).processes[0].stdout == before
+    cluster.restart()
+    assert cluster.last_carried is None
+    assert cluster.run("print('w' in globals())").processes[0].stdout == "False\n"
