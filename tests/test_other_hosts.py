@@ -167,6 +167,27 @@ def test_a_skipped_collective_is_diagnosed_with_stacks_and_recovered(kernel):
     assert after.text.strip() == "[processes 0-3]\n120.0"
 
 
+def test_a_forced_restart_keeps_each_processs_state_on_its_own_host(kernel):
+    """Issue 43: each process writes its state on its host, and the fresh one there puts it
+    back; nothing of it is on the notebook's host."""
+    import glob
+    import tempfile
+
+    _, kc = kernel
+    here = set(glob.glob(f"{tempfile.gettempdir()}/jaxcluster-kept-*"))
+    made = run(kc, "%%spmd\nborn = socket.gethostname()\ndoubled = x * 2\n"
+                   "steps = [jax.process_index()] * 3")
+    assert made.reply["status"] == "ok", made.text
+    cell = run(kc, f"%%spmd --hang-after {HANG_AFTER}\n"
+                   "if jax.process_index() != 3:\n    total = float(jax.jit(jnp.sum)(x))")
+    assert "Each process's state was carried across the restart" in cell.text, cell.text
+    after = run(kc, "%%spmd\nprint(born == socket.gethostname(), float(doubled.sum()), "
+                    "doubled.sharding.spec, steps)")
+    assert after.text.strip() == "\n".join(
+        f"[process {i}]\nTrue 240.0 P('x',) [{i}, {i}, {i}]" for i in range(4))
+    assert set(glob.glob(f"{tempfile.gettempdir()}/jaxcluster-kept-*")) == here
+
+
 def test_a_raise_before_a_collective_is_diagnosed_and_recovered(kernel):
     _, kc = kernel
     cell = run(kc, f"%%spmd --hang-after {HANG_AFTER}\n"

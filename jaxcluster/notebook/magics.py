@@ -290,7 +290,10 @@ class JaxClusterMagics(ClusterMagicsBase):
             # the restart's progress rides in the cell's status line, and its summary in the
             # error report: the report, not a "ready" line, is what the cell ends with
             if not live.streaming:
-                self._run_with_progress("restarting the cluster", cluster.restart, quiet=True)
+                self._run_with_progress(
+                    "restarting the cluster",
+                    lambda progress: cluster.restart(progress, keep_state=cluster.keep_state),
+                    quiet=True)
                 return
             failed = cell_render.status_line(planned["result"]).split(" Restarting")[0]
 
@@ -298,7 +301,7 @@ class JaxClusterMagics(ClusterMagicsBase):
                 live.update(f"{failed} Restarting the cluster: {stage} {done}/{total}"
                             + (f" · {detail}" if detail else ""), outputs(planned["result"]))
 
-            cluster.restart(progress=progress)
+            cluster.restart(progress=progress, keep_state=cluster.keep_state)
 
         result = cluster.run(
             cell,
