@@ -1,5 +1,5 @@
 """``python -m benchmarks [startup] [spmd] [dispatch] [data] [scale] [hosts] [reads] [pod]
-[--repeat N] [--pairs N] [--sizes 1,4,16] [--quick]``."""
+[keep] [--repeat N] [--pairs N] [--sizes 1,4,16] [--quick]``."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import traceback
 from . import _common
 from ._common import Settings, Table, kill_leftovers, leftover_processes, log
 
-BENCHMARKS = ("startup", "spmd", "dispatch", "data", "scale", "hosts", "reads", "pod")
+BENCHMARKS = ("startup", "spmd", "dispatch", "data", "scale", "hosts", "reads", "pod", "keep")
 
 
 def _load(name: str):

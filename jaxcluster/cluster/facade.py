@@ -271,7 +271,7 @@ class JaxCluster:
             )
         began = time.perf_counter()
         self.last_replay = self.last_carried = None
-        carried = self._carry_out(progress) if keep_state else None
+        carried = self._running.carry_out(self.timeout, progress) if keep_state else None
         controller = launched.ipp_cluster.controller
         if controller is None or not controller.running:
             feed = self._running.feed  # its subscribers follow the new controller's processes
@@ -294,12 +294,6 @@ class JaxCluster:
             self.last_carried = carried
         return self
 
-    def _carry_out(self, progress: Progress | None) -> carry.Carried:
-        """Each living process's state, written on its host (``cells/carry.py``)."""
-        running = self._require_running()
-        health = running.health()
-        return carry.take(running.calls, [p.process_index for p in running.processes],
-                          lambda: health.dead_processes(reap_seconds=0), self.timeout, progress)
 
     def status(self) -> list[ProcessStatus]:
         """One row per JAX process: where it runs, whether it is idle, busy or dead, and its

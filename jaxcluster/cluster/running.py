@@ -17,9 +17,10 @@ from typing import Any, Generic, TypeVar
 
 import ipyparallel as ipp
 
+from ..cells.carry import Carried, take
 from ..cells.health_reports import ask_memory
 from ..cells.process_calls import ProcessCalls
-from ..contracts import ProcessInfo, ProcessStatus
+from ..contracts import ProcessInfo, ProcessStatus, Progress
 from . import bringup, distributed
 from .event_loop import LoopThread
 from .health import Health
@@ -98,6 +99,13 @@ class RunningCluster:
         ask_memory(self.calls, alive, self.feed, wait=STATUS_WAIT)
         feed = {p.process_index: p for p in self.feed.snapshot().processes}
         return [replace(row, health=feed.get(row.process_index)) for row in rows]
+
+    def carry_out(self, timeout: float, progress: Progress | None) -> Carried:
+        """Each living process's state, written on its host before a restart
+        (``cells/carry.py``)."""
+        health = self.health()
+        return take(self.calls, [p.process_index for p in self.processes],
+                    lambda: health.dead_processes(reap_seconds=0), timeout, progress)
 
     def stop(self, options: ClusterOptions, loop: LoopThread, keep_feed: bool = False) -> None:
         """Stop the engines and the controller we started (only disconnect from those we did

@@ -1,7 +1,8 @@
 """What runs on an engine, in one JAX process; the notebook sends these modules' functions by
 reference. It offers ``process``, ``topology``, ``bootstrap``, ``forking``, ``imports``, ``cells``,
 ``calls``, ``inbox``, ``backchannel``, ``dispatch``, ``values``, ``data``, ``sharding``, ``stdin``,
-``sigint``, ``sync``, ``scripts``, ``introspect``, ``session`` (the hooks, installed in one order),
+``sigint``, ``sync``, ``scripts``, ``introspect``, ``state`` (a process's state across a restart),
+``session`` (the hooks, installed in one order),
 and one adapter per library whose internals it uses: ``jax_internals``, ``ipython_internals``,
 ``ipykernel_internals``, ``ipyparallel_internals``; ``__main__`` is every launcher's entry point
 (``python -m jaxcluster.engine``). IPython only where the engine's shell is needed."""
@@ -26,6 +27,7 @@ __all__ = [
     "session",
     "sharding",
     "sigint",
+    "state",
     "stdin",
     "sync",
     "topology",

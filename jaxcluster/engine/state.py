@@ -19,9 +19,11 @@ The bound: what would take more than ``limit`` bytes is not kept, the largest fi
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 import io
+import mmap
 import os
 import pickle
 import shutil
@@ -33,6 +35,8 @@ import psutil
 
 FREE_FRACTION = 0.5  # of this host's available memory, the default bound of what is kept
 INDEX = "index.pickle"
+BUFFERS = ".buffers"  # beside each value's file: its arrays' numbers, raw
+ALIGN = 64  # bytes: where each buffer starts in that file
 # the persistent ids of JAX's objects in a kept value
 ARRAY, MESH, SHARDING, DEVICE = "jax.Array", "jax.sharding.Mesh", "jax.sharding", "jax.Device"
 
@@ -51,27 +55,27 @@ def keep(limit: int | None = None) -> dict[str, Any]:
 
     shell = get_ipython()
     bound = int(psutil.virtual_memory().available * FREE_FRACTION) if limit is None else limit
-    folder = tempfile.mkdtemp(prefix="jaxcluster-kept-")
+    folder = tempfile.mkdtemp(prefix="jaxcluster-kept-", dir=_memory_folder())
     names = _user_names(shell)
     modules = {n: v.__name__ for n, v in names.items() if isinstance(v, types.ModuleType)}
     others = {n: v for n, v in names.items() if n not in modules}
-    kept: dict[str, str] = {}  # name -> its file
+    kept: dict[str, tuple[str, list[tuple[int, int]]]] = {}  # name -> its file, its buffers
     not_kept: dict[str, str] = {}
     used = 0
     # the small first: over the bound, the largest are the ones left out
     for number, name in enumerate(sorted(others, key=lambda n: _estimate(others[n]))):
         path = os.path.join(folder, f"{number}.pickle")
         try:
-            size = _write(others[name], path)
+            size, buffers = _write(others[name], path)
         except NotKept as e:
             not_kept[name] = str(e)
             continue
         if used + size > bound:
-            os.remove(path)
+            _remove(path)
             not_kept[name] = f"{_size(size)} more than the {_size(bound)} kept at most"
             continue
         used += size
-        kept[name] = path
+        kept[name] = (path, buffers)
     with open(os.path.join(folder, INDEX), "wb") as f:
         pickle.dump({"values": kept, "modules": modules, "cell": values.cell()}, f)
     return {"path": folder, "kept": sorted([*kept, *modules]), "not_kept": not_kept,
@@ -102,10 +106,9 @@ def restore(path: str) -> dict[str, Any]:
                 restored.append(name)
             except Exception as e:
                 not_restored[name] = f"import {module} failed: {type(e).__name__}: {e}"
-        for name, file in index["values"].items():
+        for name, (file, buffers) in index["values"].items():
             try:
-                with open(file, "rb") as f:
-                    shell.user_ns[name] = _Unpickler(f).load()
+                shell.user_ns[name] = _read(file, buffers)
                 restored.append(name)
             except Exception as e:
                 not_restored[name] = f"{type(e).__name__}: {e}"
@@ -143,18 +146,54 @@ def _size(n: int) -> str:
     return f"{n / 2**20:.0f} MiB" if n >= 2**20 else f"{n} bytes"
 
 
-def _write(value: Any, path: str) -> int:
-    """Write ``value`` to ``path``; its size. Raises ``NotKept``."""
+def _write(value: Any, path: str) -> tuple[int, list[tuple[int, int]]]:
+    """Write ``value`` to ``path``, its large buffers (arrays' numbers) apart, raw, in
+    ``path + BUFFERS``: read back, they are mapped, not copied. Its size, and where each
+    buffer is. Raises ``NotKept``."""
+    buffers: list[Any] = []
+    where: list[tuple[int, int]] = []
     try:
         with open(path, "wb") as f:
-            _pickler()(f).dump(value)
-            return f.tell()
+            _pickler()(f, protocol=5, buffer_callback=buffers.append).dump(value)
+            size = f.tell()
+        with open(path + BUFFERS, "wb") as raw:
+            for buffer in buffers:
+                data = buffer.raw()
+                raw.write(b"\0" * (-raw.tell() % ALIGN))  # NumPy's and XLA's alignment
+                where.append((raw.tell(), data.nbytes))
+                raw.write(data)
+            size += raw.tell()
+        return size, where
     except NotKept:
-        os.remove(path)
+        _remove(path)
         raise
     except Exception as e:
-        os.remove(path)
+        _remove(path)
         raise NotKept(_why(value, e)) from None
+
+
+def _read(path: str, where: list[tuple[int, int]]) -> Any:
+    """What ``_write`` wrote; its buffers are views of the mapped file (copy on write)."""
+    views: list[Any] = []
+    if where:
+        with open(path + BUFFERS, "rb") as raw:
+            mapped = mmap.mmap(raw.fileno(), 0, access=mmap.ACCESS_COPY)
+        views = [memoryview(mapped)[start:start + length] for start, length in where]
+    with open(path, "rb") as f:
+        return _Unpickler(f, buffers=views).load()
+
+
+def _remove(path: str) -> None:
+    for file in (path, path + BUFFERS):
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(file)
+
+
+def _memory_folder() -> str | None:
+    """Where kept state goes: this host's shared memory, where there is one (the bound is of
+    memory, and writing there is a copy); else the temporary folder."""
+    shm = "/dev/shm"
+    return shm if os.path.isdir(shm) and os.access(shm, os.W_OK) else None
 
 
 def _why(value: Any, error: Exception) -> str:
