@@ -114,3 +114,25 @@ def test_restart_with_keep_state_carries_and_without_it_does_not(cluster) -> Non
     cluster.restart()
     assert cluster.last_carried is None
     assert cluster.run("print('w' in globals())").processes[0].stdout == "False\n"
+
+
+def test_what_would_pass_the_bound_is_named_the_largest_first(cluster) -> None:
+    from jaxcluster.engine import state
+
+    cluster.run("import numpy as np\nsmall = np.zeros(10)\nlarge = np.zeros(2**17)").check()
+    kept, errors = cluster.calls.call([0], state.keep, 2**16, timeout=30)
+    assert errors == {}
+    answer = kept[0]
+    assert "small" in answer["kept"] and "large" not in answer["kept"]
+    assert answer["not_kept"]["large"].endswith("more than the 65536 bytes kept at most")
+    assert answer["bytes"] <= 2**16
+    cluster.calls.call([0], state.discard, answer["path"], timeout=30)
+
+
+def test_a_carrying_restart_shows_its_progress(cluster) -> None:
+    cluster.run("kept_here = 1").check()
+    stages: list[tuple[str, int, int]] = []
+    cluster.restart(lambda stage, done, total, detail="": stages.append((stage, done, total)),
+                    keep_state=True)
+    assert ("state kept", 0, 4) in stages and ("state kept", 4, 4) in stages
+    assert cluster.run("print(kept_here)").processes[0].stdout == "1\n"
