@@ -8,8 +8,9 @@ process's figure is its fastest call, a round's figure the median over the proce
 this 2-core machine four busy processes take turns, and a minimum is a call that ran alone.
 The cluster and the plain processes both stay up for the whole run, and their rounds
 alternate, with a third arm: the same engines with the dispatch record off, which tells the
-record's own cost from the engine's. A run's ratio is the median of its rounds' ratios; runs go on until two in a row
-agree (within ``AGREE``), and the last two are reported (target ≤ 1.05).
+record's own cost from the engine's. A run's ratio is the median of its rounds' ratios; runs
+go on until two in a row agree (within ``AGREE``), and the last two are reported (target ≤
+1.05).
 """
 
 from __future__ import annotations
