@@ -3,6 +3,7 @@ the start progress widget and ``%%spmd``'s streaming output."""
 
 from __future__ import annotations
 
+import re
 import time
 
 import pytest
@@ -35,9 +36,10 @@ def execute(kc, code, timeout=120):
     return messages, reply
 
 
-def final_texts(messages):
-    """The text/plain of each display as a notebook would finally hold it."""
-    shown: dict[str, str] = {}
+def final_outputs(messages):
+    """The data of each display (a stream's: its text/plain) as a notebook would finally hold
+    it."""
+    shown: dict[str, dict] = {}
     order = []
     for _, msg in messages:
         kind, content = msg["msg_type"], msg["content"]
@@ -47,11 +49,15 @@ def final_texts(messages):
         if kind not in ("display_data", "update_display_data", "stream"):
             continue
         key = content.get("transient", {}).get("display_id") or f"anon{len(order)}"
-        text = content.get("text") or content.get("data", {}).get("text/plain", "")
         if kind != "update_display_data":
             order.append(key)
-        shown[key] = text
+        shown[key] = content.get("data") or {"text/plain": content.get("text", "")}
     return [shown[key] for key in order]
+
+
+def final_texts(messages):
+    """The text/plain of each display as a notebook would finally hold it."""
+    return [data.get("text/plain", "") for data in final_outputs(messages)]
 
 
 def test_start_shows_a_progress_widget_then_the_summary(kernel):
@@ -103,6 +109,39 @@ def test_the_live_area_leaves_earlier_output_of_the_cell_alone(kernel):
     assert any(m["msg_type"] == "display_data" for _, m in messages)  # the live status
     assert not any(m["msg_type"] == "clear_output" for _, m in messages)
     assert [t for t in final_texts(messages) if t] == ["JAX cluster ready\n"]
+
+
+HANG = """%%spmd --hang-after 2
+import jax, jax.numpy as jnp
+from jax.sharding import NamedSharding, PartitionSpec as P
+mesh = jax.make_mesh((jax.device_count(),), ("x",))
+x = jax.make_array_from_callback((8,), NamedSharding(mesh, P("x")), lambda i: jnp.arange(8.0)[i])
+total = jax.jit(lambda a: a.sum())
+float(total(x))  # every process: the collective's connections made
+print("before")
+if jax.process_index() != 1:
+    float(total(x))
+"""
+
+
+def test_a_restart_report_leads_with_its_cause(kernel):
+    """Issue 43: a cell that hung and needed a restart shows, first, why (the status line's
+    place), then what the processes printed, then their tracebacks and stacks in the error,
+    without the frames of JAX's internals, jaxlib or jaxcluster."""
+    messages, reply = execute(kernel, HANG)
+    assert reply["content"]["status"] == "error"
+    shown = [data for data in final_outputs(messages) if data.get("text/plain")]
+    first = shown[0]["text/plain"].splitlines()
+    assert first[0].startswith("The cell hung: process 0 waits in `jit(<lambda>)`"), first
+    assert first[1].startswith("The cluster was restarted because "), first
+    assert shown[0]["text/html"].startswith('<div class="jc-failure"')
+    assert "[processes 0-1]\nbefore" in shown[0]["text/plain"]  # the printout below it
+    errors = [m["content"] for _, m in messages if m["msg_type"] == "error"]
+    report = re.sub(r"\x1b\[[0-9;]*m", "", "\n".join(errors[0]["traceback"]))
+    assert report.startswith("[process 0]\n") and "KeyboardInterrupt" in report, report
+    assert "The cell hung" not in report  # said once, above
+    for library in ("jax/_src/", "jaxlib/", "jaxcluster/"):
+        assert library not in report, report
 
 
 def test_failing_cell_is_an_error_reply_with_process_labels(kernel):

@@ -167,23 +167,38 @@ def test_a_skipped_collective_is_diagnosed_with_stacks_and_recovered(kernel):
     assert after.text.strip() == "[processes 0-3]\n120.0"
 
 
-def test_a_forced_restart_keeps_each_processs_state_on_its_own_host(kernel):
-    """Issue 43: each process writes its state on its host, and the fresh one there puts it
+def test_every_kind_of_state_is_kept_on_its_own_host_across_each_restart(kernel, hosts):
+    """Issue 43: across a restart forced by a skipped collective, by a process killed on the
+    second host (its state named as lost, the others keep theirs) and by ``restart
+    --keep-state``, each process writes its state on its host and the fresh one there puts it
     back; nothing of it is on the notebook's host."""
     import glob
 
+    from tests.test_keep_state import LOOK, MAKE
+
     _, kc = kernel
     here = set(glob.glob("/dev/shm/jaxcluster-kept-*"))
-    made = run(kc, "%%spmd\nborn = socket.gethostname()\ndoubled = x * 2\n"
-                   "steps = [jax.process_index()] * 3")
-    assert made.reply["status"] == "ok", made.text
+    make = "%%spmd\nimport os\nborn = socket.gethostname()\n" + MAKE
+    look = "%%spmd\nprint(born == socket.gethostname())\n" + LOOK
+    assert run(kc, make).reply["status"] == "ok"
+    before = run(kc, look).text
     cell = run(kc, f"%%spmd --hang-after {HANG_AFTER}\n"
                    "if jax.process_index() != 3:\n    total = float(jax.jit(jnp.sum)(x))")
     assert "Each process's state was carried across the restart" in cell.text, cell.text
-    after = run(kc, "%%spmd\nprint(born == socket.gethostname(), float(doubled.sum()), "
-                    "doubled.sharding.spec, steps)")
-    assert after.text.strip() == "\n".join(
-        f"[process {i}]\nTrue 240.0 P('x',) [{i}, {i}, {i}]" for i in range(4))
+    assert "log (an open file)" in cell.text
+    assert run(kc, look).text == before
+
+    host, pid = engines(kc)[3]
+    threading.Timer(1, hosts.kill, (hosts.host_at(host), pid, signal.SIGKILL)).start()
+    cell = run(kc, "%%spmd\ntime.sleep(30)")
+    assert "process 3 kept nothing: it died" in cell.text, cell.text
+    kept = run(kc, "%%spmd\nprint('losses' in globals(), 'model' in globals())").text
+    assert kept.strip() == "[processes 0-2]\nTrue True\n[process 3]\nFalse False"
+
+    assert run(kc, make).reply["status"] == "ok"
+    restarted = run(kc, "%jax_cluster restart --keep-state")
+    assert "Each process's state was carried across the restart" in restarted.text
+    assert run(kc, look).text == before
     assert set(glob.glob("/dev/shm/jaxcluster-kept-*")) == here
 
 

@@ -1,4 +1,5 @@
-"""Pure pieces of gathered output: labels, process specs, collapsing, tails, stacks."""
+"""Pure pieces of gathered output: labels, process specs, collapsing, tails, stacks, and the
+report of a failed cell (issue 43: its cause first)."""
 
 from __future__ import annotations
 
@@ -80,3 +81,63 @@ def test_the_summary_names_an_error_once_whatever_its_tracebacks():
     assert summary == "processes 0-3 raised KeyboardInterrupt"
     assert [line for line in lines if line.startswith("\x1b")] == [
         "\x1b[1;31m[processes 0-2]\x1b[0m", "\x1b[1;31m[process 3]\x1b[0m"]
+
+
+def hung_and_restarted():
+    """What a hang that needed a restart leaves: processes 0-1 interrupted in a collective
+    that process 2 never ran, their stacks read while they waited."""
+    from jaxcluster.cells.spmd import ProcessOutput, SPMDResult
+
+    stack = ('File "<cell>", line 3 in <module>\nFile "jax/_src/array.py", line 300 in __float__\n'
+             'File "jax/_src/profiler.py", line 420 in wrapper\n'
+             'File "jaxlib/xla_client.py", line 9 in wait')
+    processes = [ProcessOutput(i, state="stuck", stack=stack,
+                               reason="interrupted, with a multi-process program still in flight",
+                               error={"ename": "KeyboardInterrupt", "evalue": "",
+                                      "traceback": "Cell In[4], line 3\nKeyboardInterrupt: "})
+                 for i in (0, 1)]
+    processes.append(ProcessOutput(2, state="done"))
+    return SPMDResult(
+        processes, failure="hang", elapsed=2.5, interrupted=[0, 1], restarted=True,
+        diagnosis="processes 0-1 wait in `jit(<lambda>)`; process 2 ended without running it",
+        restart_reason="processes 0-1 are out of step", restart_summary="3 processes ready",
+    )
+
+
+def test_a_restart_report_leads_with_its_cause_then_the_processes_detail():
+    from jaxcluster.cells.spmd import SPMDResult
+    from jaxcluster.render.cell import cause_shown, error_report
+
+    result = hung_and_restarted()
+    summary, lines = error_report(result, [0, 1, 2], collapsed=True)
+    cause = lines[:lines.index("")]
+    assert cause[0].startswith("The cell hung: processes 0-1 wait in `jit(<lambda>)`; process 2")
+    assert cause[1].startswith("The cluster was restarted because processes 0-1 are out of step")
+    assert len(cause) == 2 and summary.startswith(cause[0].rstrip("."))
+    detail = lines[len(cause) + 1:]
+    assert detail[0] == "\x1b[1;31m[processes 0-1]\x1b[0m" and "KeyboardInterrupt: " in detail
+    # the stack's frames of JAX's internals and jaxlib are one line, as the tracebacks hide them
+    assert detail[-4:] == [
+        "processes 0-1 stuck: interrupted, with a multi-process program still in flight",
+        "  Python stack (most recent call last):",
+        '    File "<cell>", line 3 in <module>',
+        "    [... skipping 3 library frames]",
+    ]
+    # shown above the cell's outputs, the cause is left out of the error below them
+    shown = cause_shown(result)
+    assert shown is not None and shown.text == "\n".join(cause)
+    assert shown.html.startswith('<div class="jc-failure"')
+    assert error_report(result, [0, 1, 2], collapsed=True, cause=False)[1] == detail
+    assert cause_shown(SPMDResult(result.processes)) is None  # a cell not given up on
+
+
+def test_the_cause_heads_the_cells_outputs_at_its_end(monkeypatch):
+    from jaxcluster.notebook import display
+    from jaxcluster.render.cell import Shown, cause_shown
+
+    shown: list[Shown] = []
+    monkeypatch.setattr(display, "show_all", shown.extend)
+    cause = cause_shown(hung_and_restarted())
+    display.LiveOutput().finish([Shown("[processes 0-2]\nbefore")], head=cause)
+    assert len(shown) == 1 and shown[0].text.startswith(f"{cause.text}\n[processes 0-2]")
+    assert shown[0].html.startswith(cause.html)

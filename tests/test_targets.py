@@ -88,7 +88,7 @@ def test_a_collective_that_needs_processes_outside_the_targets_is_diagnosed(ip, 
     body = ("x = jax.make_array_from_callback((16,), NamedSharding(mesh, P('x')),\n"
             "                                 lambda index: jnp.arange(16.0)[index])\n"
             "float(jnp.sum(x))")
-    _, report, _ = failing_spmd(ip, body, "--targets 0,1 --hang-after 2 --timeout 60")
+    report, _, _ = failing_spmd(ip, body, "--targets 0,1 --hang-after 2 --timeout 60")
     assert re.search(r"The cell hung: processes 0-1 wait in `jit\(\w+\)` over 8 devices on 4 "
                      r"processes; it needs processes 2-3, which are outside the cell's targets "
                      r"and never run it", report)

@@ -13,6 +13,8 @@ functions hand it. The patches of JAX made through it:
 
 from __future__ import annotations
 
+import os
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -182,6 +184,23 @@ def backends_initialized() -> bool:
     False where this JAX cannot tell, so that none is made by asking."""
     made = _backends_made()
     return made is not None and made()
+
+
+# -- tracebacks (``sigint``) ------------------------------------------------------------------
+
+def internal_folders() -> tuple[str, ...]:
+    """The folders of JAX's internals (``jax/_src``) and of jaxlib, whose frames a traceback
+    leaves out as JAX leaves them out of its own errors' tracebacks; none where that filtering
+    is off (``JAX_TRACEBACK_FILTERING=off``: every frame shown, as JAX then shows them), and
+    where JAX is not imported (yet): no frame of it to hide, and none is imported for it."""
+    config = getattr(sys.modules.get("jax"), "config", None)
+    if config is None or config.jax_traceback_filtering == "off":
+        return ()
+    import jax._src
+    import jaxlib
+
+    return tuple(os.path.dirname(os.path.abspath(module.__file__ or ""))
+                 for module in (jax._src, jaxlib))
 
 
 # -- the dispatch record (``dispatch``) --------------------------------------------------------

@@ -8,25 +8,29 @@ restarted for a process that "could not be stopped". So ``press`` signals the ma
 and again, until the cell's code raised the ``KeyboardInterrupt`` (``handler`` raises only inside
 IPython's ``run_code``), the cell ended, or ``RESEND_FOR`` passed; a press raises it once.
 The notebook kernel tells its own cells' code from IPython's callbacks the same way
-(``in_code``, ``keyboard_interrupt``).
+(``in_code``, ``keyboard_interrupt``). The ``KeyboardInterrupt``'s traceback shows the user's
+frames alone: JAX leaves its internals out of its own errors, but not out of an interrupt that
+lands in them (``float(x)`` waiting for a collective), and ours are hidden from every traceback.
 """
 
 from __future__ import annotations
 
 import functools
 import itertools
+import os
 import signal
 import threading
 import time
 import types
 from typing import Any
 
-from . import ipython_internals
+from . import ipython_internals, jax_internals
 
 RESEND_EVERY = 0.02  # seconds between looks while a press waits for the cell's code
 LOST_AFTER = 0.1  # seconds after which a signal Python has not handled is sent again
 RESEND_FOR = 2.0  # seconds a press waits for the code (the notebook calls it stuck after 3)
 SETTLE = 0.5  # seconds after a press during which a late signal of it is ignored
+OURS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the jaxcluster package
 
 # running: a cell runs; press: the number of the press under way (0: none); delivered: its
 # KeyboardInterrupt was raised; handled: Python saw the last signal
@@ -65,7 +69,8 @@ def handler(signum: int, frame: Any) -> None:
 
 def keyboard_interrupt() -> KeyboardInterrupt:
     """The ``KeyboardInterrupt`` a SIGINT handler raises: IPython shows its traceback without
-    the handler's frame, ending in the cell's code as under Python's own handler."""
+    the handler's frame, ending in the cell's code as under Python's own handler, and without
+    the frames of JAX's internals, jaxlib and jaxcluster."""
     interrupt = KeyboardInterrupt()
     ipython_internals.render_traceback_with(interrupt, functools.partial(_traceback, interrupt))
     return interrupt
@@ -77,9 +82,12 @@ def _traceback(interrupt: KeyboardInterrupt) -> list[str]:
     while entry is not None:
         entries.append(entry)
         entry = entry.tb_next
+    hidden = tuple(folder + os.sep for folder in (*jax_internals.internal_folders(), OURS))
     rebuilt = None
     for entry in reversed(entries[:-1]):  # the last is the handler that raised it
-        rebuilt = types.TracebackType(rebuilt, entry.tb_frame, entry.tb_lasti, entry.tb_lineno)
+        if not entry.tb_frame.f_code.co_filename.startswith(hidden):
+            rebuilt = types.TracebackType(rebuilt, entry.tb_frame, entry.tb_lasti,
+                                          entry.tb_lineno)
     return ipython_internals.structured_traceback(KeyboardInterrupt, interrupt, rebuilt)
 
 

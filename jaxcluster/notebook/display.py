@@ -88,7 +88,8 @@ class LiveOutput:
     Each planned output is one display, updated in place by its display id when it changes,
     so a process's widget, figure or progress line shows (and advances) where it was produced.
     Once the cell has run ``delay`` seconds a status line heads the first output (inside it,
-    so that the finished cell holds the same outputs however long it ran); it goes at the end.
+    so that the finished cell holds the same outputs however long it ran); it goes at the end,
+    and a cell given up on is headed there by its cause instead, above everything it printed.
     Outside a notebook nothing streams: the outputs are shown once, at the end.
     """
 
@@ -113,9 +114,13 @@ class LiveOutput:
             if not items and time.monotonic() - self._started < self._delay:
                 return
             self._status_shown = True
-        self._sync(_headed(status, items))
+        line = Shown(status, html=f"<div class='jc-status-line'>{html.escape(status)}</div>")
+        self._sync(_headed(line, items))
 
-    def finish(self, items: Sequence[Shown]) -> None:
+    def finish(self, items: Sequence[Shown], head: Shown | None = None) -> None:
+        """The final ``items``, under ``head`` when there is one (a failed cell's cause)."""
+        if head is not None:
+            items = _headed(head, items)
         if not self._live:
             show_all(items)
             return
@@ -151,9 +156,8 @@ class LiveOutput:
         return _bundle(item.text, item.html), {}
 
 
-def _headed(status: str, items: Sequence[Shown]) -> list[Shown]:
-    """``items`` with the status line inside the first, where that one is text; else above."""
-    line = Shown(status, html=f"<div class='jc-status-line'>{html.escape(status)}</div>")
+def _headed(line: Shown, items: Sequence[Shown]) -> list[Shown]:
+    """``items`` with ``line`` inside the first, where that one is text; else above."""
     if items and items[0].is_text:
         first = items[0]
         body = first.html or f"<pre>{html.escape(first.text)}</pre>"

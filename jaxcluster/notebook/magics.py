@@ -137,7 +137,8 @@ class JaxClusterMagics(ClusterMagicsBase):
         replay = cluster.last_replay
         lines = cell_render.replay_lines(replay)
         if replay is not None and not replay.ok:
-            raise SPMDError(lines[0], lines)  # never hidden: the failing cell's own error
+            # never hidden: the failing cell's own error
+            raise SPMDError(lines[0], [*lines, *cell_render.replay_details(replay)])
         if lines:
             print(lines[0])
         if cluster.last_carried is not None:
@@ -314,9 +315,12 @@ class JaxClusterMagics(ClusterMagicsBase):
             # the shell counts the running cell already: it is the one before
             cell_number=getattr(self.shell, "execution_count", 1) - 1,
         )
-        live.finish(outputs(result, final=True))
+        # a cell given up on leads with its cause; the error below it holds what it rests on
+        cause = cell_render.cause_shown(result)
+        live.finish(outputs(result, final=True), head=cause)
         if not result.ok:
-            raise SPMDError(*cell_render.error_report(result, selected, collapsed))
+            raise SPMDError(*cell_render.error_report(result, selected, collapsed,
+                                                      cause=cause is None))
 
     @magic_arguments()
     @processes_option("show only these processes' local devices: 0, 0,2, 1-3 or all. Default all.")

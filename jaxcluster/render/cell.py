@@ -19,6 +19,7 @@ ANSI = re.compile(r"\x1b\[[0-9;]*m")
 LABEL_STYLE = "color:#777;font-weight:bold"
 STDERR_STYLE = "background:#fdd"
 PRE_STYLE = "margin:0;padding:0 0 2px 0;font-family:var(--jp-code-font-family,monospace)"
+FAILURE_STYLE = "white-space:pre-wrap;border-left:3px solid #d33;padding:2px 8px;margin-bottom:4px"
 
 
 def _tail(text: str, lines: int) -> str:
@@ -77,9 +78,10 @@ def status_text(processes: Sequence[Any], elapsed: float) -> str:
 
 
 def failure_lines(result: Any) -> list[str]:
-    """Why a cell was given up on (hang, timeout, interrupt, death, collectives out of step)
-    and what happened next: who stopped on the interrupt (state kept), who could not be
-    stopped, the restart."""
+    """The paragraph a cell's report leads with: why the cell was given up on (hang, timeout,
+    interrupt, death, collectives out of step), by which processes, and what happened next:
+    who stopped on the interrupt (state kept), the restart and its replay. What it rests on
+    (stacks, tracebacks) comes below it: :func:`failure_details`."""
     lines: list[str] = []
     timeout = f" of {result.timeout:g} s" if result.timeout else ""
     what = {
@@ -98,18 +100,12 @@ def failure_lines(result: Any) -> list[str]:
     failed = [p.process_index for p in result.processes
               if p.state == "error" and p.process_index not in interrupted]
     if failed and result.failure:
-        lines.append(f"  {process_label(failed)} raised (see above)")
+        lines.append(f"  {process_label(failed)} raised (see below)")
     states = {p.process_index: p.state for p in result.processes}
     kept = [i for i in interrupted if states.get(i) != "stuck"]
     if kept and not result.restarted:
         whose = "its" if len(kept) == 1 else "their"
         lines.append(f"  {process_label(kept)} stopped on an interrupt: {whose} state is kept")
-    stuck = [(p.process_index, p) for p in result.processes if p.state == "stuck"]
-    for indices, proc in collapse(stuck, key=lambda p: (p.reason, p.stack)):
-        lines.append(f"  {process_label(indices)} stuck: {proc.reason}")
-        if proc.stack:
-            lines.append("    Python stack (most recent call last):")
-            lines.extend("      " + line for line in proc.stack.splitlines())
     if result.restarted:
         why = f" because {result.restart_reason}" if result.restart_reason else ""
         ready = f" ({result.restart_summary})" if getattr(result, "restart_summary", "") else ""
@@ -130,22 +126,65 @@ def failure_lines(result: Any) -> list[str]:
     return lines
 
 
+def failure_details(result: Any) -> list[str]:
+    """What :func:`failure_lines` rests on, below the processes' tracebacks: each stuck
+    process's reason and Python stack, and the report of a setup cell whose replay failed."""
+    lines: list[str] = []
+    stuck = [(p.process_index, p) for p in result.processes if p.state == "stuck"]
+    for indices, proc in collapse(stuck, key=lambda p: (p.reason, p.stack)):
+        lines.append(f"{process_label(indices)} stuck: {proc.reason}")
+        if proc.stack:
+            lines.append("  Python stack (most recent call last):")
+            lines.extend("    " + line for line in users_frames(proc.stack))
+    return lines + replay_details(result.replay)
+
+
+# a frame of JAX's internals, of jaxlib or of jaxcluster in a stack (``cells.evidence``)
+LIBRARY_FRAME = re.compile(r'File "(?:[^"]*/)?(?:jax/_src|jaxlib|jaxcluster)/')
+
+
+def users_frames(stack: str) -> list[str]:
+    """``stack``'s lines with each run of library frames one line, ``[... skipping 3 library
+    frames]``, as the processes' tracebacks leave those frames out."""
+    lines: list[str] = []
+    skipped = 0
+    for line in stack.splitlines():
+        if LIBRARY_FRAME.match(line):
+            skipped += 1
+            continue
+        lines += [*_skipping(skipped), line]
+        skipped = 0
+    return [*lines, *_skipping(skipped)]
+
+
+def _skipping(frames: int) -> list[str]:
+    return [f"[... skipping {frames} library frame{'s' if frames > 1 else ''}]"] if frames else []
+
+
 def replay_lines(replay: Any) -> list[str]:
-    """``Replayed 2 setup cells in 1.9 s.``, or which one failed and its error."""
+    """``Replayed 2 setup cells in 1.9 s.``, or which one failed (its report:
+    :func:`replay_details`)."""
     if replay is None:
         return []
     cells = f"{replay.total} setup cell{'s' if replay.total != 1 else ''}"
     if replay.ok:
         return [f"Replayed {cells} in {replay.seconds:.1f} s."]
     ran = [p.process_index for p in replay.failed.processes]
-    summary, details = error_report(replay.failed, ran, True)
+    summary, _ = error_report(replay.failed, ran, True)
     skipped = replay.total - replay.replayed - 1
     rest = f"; the {skipped} after it were not replayed" if skipped else ""
     return [
         f"Replaying {cells} failed at cell {replay.replayed + 1}{rest}: {summary}. Fix it and "
         "run it again with %%spmd --setup (%jax_cluster setup lists them).",
-        *details,
     ]
+
+
+def replay_details(replay: Any) -> list[str]:
+    """The report of the setup cell whose replay failed; none when none did."""
+    if replay is None or replay.ok:
+        return []
+    ran = [p.process_index for p in replay.failed.processes]
+    return error_report(replay.failed, ran, True)[1]
 
 
 def setup_text(cells: Sequence[Any]) -> str:
@@ -163,9 +202,11 @@ def setup_text(cells: Sequence[Any]) -> str:
 
 
 def error_report(
-    result: Any, selected: Sequence[int], collapsed: bool
+    result: Any, selected: Sequence[int], collapsed: bool, cause: bool = True
 ) -> tuple[str, list[str]]:
-    """(one-line summary, traceback lines) for a cell that failed on some processes."""
+    """(one-line summary, report lines) for a cell that failed on some processes: the cause
+    first (:func:`failure_lines`; left out with ``cause=False``, for a report shown under its
+    :func:`cause_shown`), then each process's traceback, then :func:`failure_details`."""
     lines: list[str] = []
     raisers: dict[str, list[int]] = {}  # the summary names an error once, whatever its tracebacks
     # after a restart, the interrupt's own KeyboardInterrupts say nothing the report does not
@@ -183,10 +224,13 @@ def error_report(
     if hidden:
         summary.append(f"{process_label(hidden)} raised too (not shown: -p)")
     failure = failure_lines(result)
-    lines.extend(failure)
     if failure:
         summary.insert(0, failure[0])
-    return "; ".join(s.rstrip(".") for s in summary) or "the cell failed", lines
+    more = failure_details(result)
+    details = [*lines, *([""] if lines and more else []), *more]
+    head = failure if cause else []
+    gap = [""] if head and details else []
+    return "; ".join(s.rstrip(".") for s in summary) or "the cell failed", [*head, *gap, *details]
 
 
 def status_line(result: Any) -> str:
@@ -218,6 +262,18 @@ def label_shown(indices: Sequence[int], suffix: str = "") -> Shown:
     """The bold grey label, the same above every kind of output."""
     head = label(indices, suffix)
     return Shown(head, html=f'<span style="{LABEL_STYLE}">{html.escape(head)}</span>')
+
+
+def cause_shown(result: Any) -> Shown | None:
+    """The cause of a cell given up on (:func:`failure_lines`), shown at the top of its outputs
+    where its status line was while it ran, above what the processes printed and the report of
+    their tracebacks; None for a cell that was not given up on."""
+    lines = failure_lines(result)
+    if not lines:
+        return None
+    text = "\n".join(lines)
+    return Shown(text, html=f'<div class="jc-failure" style="{FAILURE_STYLE}">'
+                            f'{html.escape(text)}</div>')
 
 
 def stream_shown(indices: Sequence[int], name: str, text: str) -> Shown:

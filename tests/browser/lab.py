@@ -381,6 +381,12 @@ def run_all_cells(page) -> None:
     page.get_by_role("menuitem", name=re.compile(r"^Run All Cells")).first.click()
 
 
+def run_cell(page, index: int) -> None:
+    """Run one code cell in place (Ctrl+Enter in its editor), as a user does."""
+    page.locator(f"{_PANEL} .jp-CodeCell").nth(index).locator(".jp-InputArea-editor").click()
+    page.keyboard.press("Control+Enter")
+
+
 def wait_cells_done(page, timeout: float = 120, index: int | None = None) -> None:
     """Wait until every code cell (or cell ``index`` alone) has a numbered prompt and the
     kernel is idle."""

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from .lab import open_notebook, save_screenshot, wait_cells_done, write_notebook
+from .lab import open_notebook, run_cell, save_screenshot, wait_cells_done, write_notebook
 
 pytestmark = [pytest.mark.browser, pytest.mark.cluster, pytest.mark.timeout(300)]
 
@@ -24,12 +24,6 @@ CELLS = [
 # Lab's input box for an input request; once answered it is marked as hiding, then removed
 OPEN_STDIN = ".jp-OutputArea-stdin-item:not(.jp-OutputArea-stdin-hiding) .jp-Stdin"
 PROMPT_SHOWS = 10.0  # seconds from running the cell to its input box: a sanity bound
-
-
-def run_cell(page, index: int) -> None:
-    """Run one code cell in place (Ctrl+Enter in its editor), as a user does."""
-    page.locator(f"{PANEL} .jp-CodeCell").nth(index).locator(".jp-InputArea-editor").click()
-    page.keyboard.press("Control+Enter")
 
 
 def blocks(cell) -> list[tuple[str, str]]:
