@@ -48,9 +48,12 @@ print(w.sharding.spec, float(w.sum()),
 print(b.sharding.is_fully_replicated, np.asarray(b).tolist())
 print(table.sum(), losses, config)
 print(scale(jnp.arange(3.0)).tolist())
-print(round(float(loss_fn(model)), 6), int(optimizer.step.value))
-print(type(model.linear.kernel.value).__name__)
+print(round(float(loss_fn(model)), 6), int(optimizer.step[...]))
+print(type(model.linear.kernel[...]).__name__)
 """
+
+# what each process holds by itself: looked at on some processes, no program spans them all
+OWN = "\n".join(line for line in LOOK.splitlines() if "w." not in line and "(b)" not in line)
 
 
 @pytest.fixture(scope="module")
@@ -98,12 +101,29 @@ def test_a_skipped_collective_restarts_and_every_kind_is_carried(cluster) -> Non
 
 def test_a_killed_process_keeps_nothing_and_the_others_keep_theirs(cluster) -> None:
     made(cluster)
+    before = [p.stdout for p in cluster.run(OWN, targets=[0, 1, 2]).processes]
     os.kill(cluster.processes[3].pid, signal.SIGKILL)
     result = cluster.run("x = 1", hang_after=2)
     assert result.restarted and result.carried is not None
     assert 3 in result.carried.lost and "died" in result.carried.lost[3]
+    assert "process 3 kept nothing: it died" in result.carried.summary()
     after = cluster.run("print('losses' in globals(), 'w' in globals())")
     assert [p.stdout for p in after.processes] == ["True True\n"] * 3 + ["False False\n"]
+    assert [p.stdout for p in cluster.run(OWN, targets=[0, 1, 2]).processes] == before
+
+
+def test_without_keep_state_an_automatic_restart_carries_nothing(cluster, monkeypatch) -> None:
+    import dataclasses
+
+    made(cluster)
+    monkeypatch.setattr(cluster, "options", dataclasses.replace(cluster.options,
+                                                                keep_state=False))
+    result = cluster.run("if jax.process_index() != 1:\n"
+                         "    multihost_utils.process_allgather(jnp.ones(2))\n", hang_after=2)
+    assert result.restarted and result.carried is None
+    assert "every process's state (variables, arrays, compiled functions) was lost" in (
+        "\n".join(failure_lines(result)))
+    assert cluster.run("print('w' in globals())").processes[0].stdout == "False\n"
 
 
 def test_restart_with_keep_state_carries_and_without_it_does_not(cluster) -> None:
