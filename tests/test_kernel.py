@@ -322,6 +322,24 @@ def test_error_cell_names_the_process(kernel):
 
 
 @pytest.mark.cluster
+def test_a_forced_restart_keeps_the_plain_cells_state(kernel):
+    """Issue 43: plain cells define the state, one process skips a collective, the cluster is
+    restarted, and the next plain cell finds every variable as it was."""
+    kernel.text("import jax, jax.numpy as jnp, numpy as np\n"
+                "from jax.sharding import NamedSharding, PartitionSpec as P\n"
+                "mesh = jax.make_mesh((4,), ('i',))\n"
+                "w = jax.device_put(jnp.arange(8.0), NamedSharding(mesh, P('i')))\n"
+                "losses = [1.0, 0.5]")
+    reply, outputs = kernel.run("%%spmd --hang-after 2\n"
+                                "if jax.process_index() != 1:\n    float(jnp.sum(w))")
+    assert reply["status"] == "error"
+    shown = "\n".join(text for _, text in outputs)
+    assert "Each process's state was carried across the restart" in shown, shown
+    assert kernel.text("print(float(jnp.sum(w)), losses, w.sharding.spec)") == (
+        "[processes 0-1]\n28.0 [1.0, 0.5] P('i',)")
+
+
+@pytest.mark.cluster
 def test_completion_comes_from_process_0(kernel):
     kernel.text("engine_only_variable_123 = 1")
     reply = kernel.kc.complete("engine_only_var", 15, reply=True, timeout=60)["content"]
