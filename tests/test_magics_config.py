@@ -65,9 +65,10 @@ def test_config_changes_the_defaults_the_magics_use(shell):
 
         # process 0 skips a collective that process 1 waits in: a hang, declared after the
         # configured 1.5 s instead of the default 10 s
-        with capture_output(), pytest.raises(SPMDError) as failed:
+        with capture_output() as shown, pytest.raises(SPMDError):
             shell.run_cell_magic("spmd", "", SKIP_A_COLLECTIVE)
-        report = "\n".join(failed.value.lines)
+        # the cause leads what the cell shows, above the processes' tracebacks
+        report = shown.stdout + "\n".join(o.data.get("text/plain", "") for o in shown.outputs)
         assert "The cell hung" in report
         # declared when the evidence is in after 1.5 s: before the default 10 s could pass
         declared = float(re.search(r"\(after (\d+\.\d+) s\)", report)[1])
