@@ -79,10 +79,13 @@ class Launched:
     sessions: HostSessions | None = None
     client: ipp.Client | None = None
     watchdog: subprocess.Popen | None = None
+    # a kept cluster's keeper (``kept.Kept``), which holds the lines and outlives this kernel
+    kept: Any = None
 
 
-def plan(options: ClusterOptions, work_dir: str) -> Launched:
-    """The cluster as planned (nothing runs yet); raises what cannot work."""
+def plan(options: ClusterOptions, work_dir: str, kept: Any = None) -> Launched:
+    """The cluster as planned (nothing runs yet); raises what cannot work. With ``kept`` (a
+    keeper), the lines are the keeper's, and nothing stops the cluster as this process exits."""
     launcher = launcher_named(options.launcher)
     launch = launcher.plan(options.launch_request(work_dir))
     cluster = ipp.Cluster(
@@ -94,13 +97,15 @@ def plan(options: ClusterOptions, work_dir: str) -> Launched:
         log_level=logging.ERROR,
         engine_timeout=int(options.timeout),
         config=launch.config,
+        shutdown_atexit=kept is None,
         **({"profile_dir": options.profile_dir} if options.profile_dir else {}),
     )
     sessions = None
     if launch.fork is not None:
         sessions = HostSessions(launch.fork, {"IPP_CLUSTER_ID": cluster.cluster_id,
-                                              "IPP_PROFILE_DIR": cluster.profile_dir})
-    return Launched(cluster, launcher, launch.controller_ip, sessions)
+                                              "IPP_PROFILE_DIR": cluster.profile_dir},
+                                spawn=kept.line if kept else None, errors_dir=work_dir)
+    return Launched(cluster, launcher, launch.controller_ip, sessions, kept=kept)
 
 
 def deadline_for(options: ClusterOptions) -> float:
@@ -136,8 +141,9 @@ def start_controller(
     cluster), the line to each host, whose forking process imports JAX meanwhile, the
     controller, and a client of it."""
     cluster = launched.ipp_cluster
-    launched.watchdog = watchdog.start(cluster.cluster_file, cluster.cluster_id,
-                                       launched.launcher.name)
+    launched.watchdog = watchdog.start(
+        cluster.cluster_file, cluster.cluster_id, launched.launcher.name,
+        int(launched.kept.record["pid"]) if launched.kept else None)
     if launched.sessions is not None:
         launched.sessions.progress = progress  # "hosts reached" comes meanwhile
         launched.sessions.open()
@@ -201,6 +207,9 @@ def shut_down(launched: Launched, options: ClusterOptions, loop: LoopThread) -> 
     cluster = launched.ipp_cluster
     if launched.client is not None:
         launched.client.close()
+    if launched.kept is not None:  # the keeper's to end (``JaxCluster.stop`` asks it)
+        watchdog.stop(launched.watchdog)
+        return
     try:
         launched.launcher.kill_engines(
             cluster, lambda c: loop.run(c, options.timeout, "signal the engines")

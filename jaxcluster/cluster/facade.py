@@ -23,9 +23,10 @@ from ..contracts import ProcessInfo, ProcessStatus, Progress
 from ..data import Synced
 from ..errors import ConfigError, JaxClusterError, NoClusterError
 from ..render.labels import parse_targets
-from . import attach, bringup, distributed, queries
+from . import attach, bringup, distributed, kept, queries
 from .event_loop import LoopThread
 from .health_feed import HealthFeed
+from .kept_clusters import KeptClusters
 from .option_table import declared
 from .options import ATTACHED, ClusterOptions, OptionAttribute
 from .running import RunningAttribute, RunningCluster
@@ -35,7 +36,7 @@ __all__ = ["JaxCluster"]
 Targets = int | str | Iterable[int] | None  # processes: 0, [0, 2], "0,2", "1-3" or "all"
 
 
-class JaxCluster:
+class JaxCluster(KeptClusters):
     """A controller plus one engine per JAX process, with ``jax.distributed`` initialized.
 
     >>> with JaxCluster(nodes=4, devices_per_node=2) as cluster:
@@ -60,6 +61,7 @@ class JaxCluster:
         allow_version_skew: bool = False,
         sync: bool | str = True,
         keep_state: bool = True,
+        keep: bool = False, name: str | None = None, idle_timeout: float | str = "1h",
     ) -> None:
         # the keywords as given: the signature spells them out for type checkers and IDEs, and
         # tests/test_options_declared_once.py checks it against the declaration
@@ -73,6 +75,7 @@ class JaxCluster:
         self.setup_cells: list[recovery.SetupCell] = []
         self.last_replay: recovery.Replay | None = None  # what the latest restart replayed
         self.last_carried: carry.Carried | None = None  # the state it carried, if it did
+        self._hold: kept.Hold | None = None  # this kernel's hold of a kept cluster
 
     # -- the options, as given -----------------------------------------------------------------
 
@@ -218,14 +221,17 @@ class JaxCluster:
         synced = self._checked_sync()
         work_dir = tempfile.mkdtemp(prefix="jaxcluster-")
         running = self._running = RunningCluster(self.options.launcher, work_dir, feed=feed)
+        keeper = self._keeper()
         try:
-            launched = running.launched = bringup.plan(self.options, work_dir)
+            launched = running.launched = bringup.plan(self.options, work_dir, keeper)
             self.cluster_id = launched.ipp_cluster.cluster_id
             bringup.start_controller(launched, self.options, self._loop, deadline, progress)
-            bringup.stop_at_exit(self)
+            if keeper is None:  # a kept cluster outlives this process
+                bringup.stop_at_exit(self)
             running.client = launched.client
             self._start_processes(progress, deadline)
             self._place(synced)
+            self._publish()
         except BaseException:
             self.stop()
             raise
@@ -245,6 +251,8 @@ class JaxCluster:
         running, self._running = self._running, None
         if running is not None:
             running.stop(self.options, self._loop, keep_feed)
+        if not keep_feed:
+            self._end_kept()
         self._loop.close()
 
     def restart(self, progress: Progress | None = None, replay: bool = True,
@@ -265,6 +273,7 @@ class JaxCluster:
                 "ipcluster stop, then ipcluster start), then connect again."
             )
         launched = self._running.launched if self._running else None
+        self._check_restartable(launched)
         if self._running is None or launched is None:
             raise NoClusterError(
                 "No cluster to restart. Start one with %jax_cluster start --nodes N."
@@ -292,6 +301,7 @@ class JaxCluster:
         if carried is not None:
             carry.give_back(self.calls, carried, self.timeout)
             self.last_carried = carried
+        self._publish()
         return self
 
 
@@ -303,20 +313,7 @@ class JaxCluster:
     def summary(self) -> str:
         """``4 processes × 2 cpu devices = 8 global devices, ready in 5.2 s``."""
         self._require_running()
-        counts = {len(p.local_device_ids) for p in self.processes}
-        platform = self.processes[0].platform
-        total = sum(len(p.local_device_ids) for p in self.processes)
-        if len(counts) == 1:
-            per = f"{counts.pop()} {platform} devices"
-        else:
-            per = f"{min(counts)}–{max(counts)} {platform} devices"
-        noun = "process" if len(self.processes) == 1 else "processes"
-        line = f"{len(self.processes)} {noun} × {per} = {total} global devices"
-        if self.startup_seconds is not None:
-            line += f", ready in {self.startup_seconds:.1f} s"
-        for feature, why in self.features_off.items():
-            line += f"\n{feature} is off: {why}"
-        return line
+        return queries.summary(self.processes, self.startup_seconds, self.features_off)
 
     def run(
         self, code: str, timeout: float | None = None, setup: bool = False,
@@ -337,6 +334,7 @@ class JaxCluster:
         result = run(self, code, timeout=timeout, targets=chosen, **options)
         if setup and result.ok:
             recovery.remember(self.setup_cells, code, chosen)
+            self._publish()
         return result
 
     def call(

@@ -18,6 +18,7 @@ import os
 import subprocess
 import tempfile
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import IO, Any, Protocol
 
@@ -30,6 +31,9 @@ CLOSE_SECONDS = 10  # for a forking process to end once its line is closed
 
 # (exit code or None, its output): how an engine ended
 Ended = tuple[int | None, str]
+# starts a line elsewhere than as a child of this process (a kept cluster's keeper): the
+# command, its environment, the file its stderr goes to; returns what stands for the process
+Spawn = Callable[[list[str], dict[str, str], str], Any]
 
 
 class HostReach(Protocol):
@@ -66,7 +70,8 @@ class HostSession:
     can wait on a fork, an engine's end or the line's end."""
 
     def __init__(self, host: str, command: list[str], reach: HostReach,
-                 on_reached: Any = None) -> None:
+                 on_reached: Any = None, spawn: Spawn | None = None,
+                 errors_dir: str | None = None) -> None:
         self.host = host
         self.command = command
         self._reach = reach
@@ -78,10 +83,14 @@ class HostSession:
         self._errors_lock = threading.Lock()
         self._fork: concurrent.futures.Future[list[int]] | None = None
         self._exits: dict[int, concurrent.futures.Future[Ended]] = {}
-        # what it (and ssh) write to stderr; unlinked, read when something failed
-        self._errors: IO[bytes] = tempfile.TemporaryFile(  # noqa: SIM115 - kept open
-            prefix="jaxcluster-session-")
-        self._process: subprocess.Popen[bytes] | None = None
+        self._spawn = spawn
+        # what it (and ssh) write to stderr, read when something failed; unlinked, unless
+        # another process starts it (then in the cluster's work folder, removed with it)
+        fd, self._errors_path = tempfile.mkstemp(prefix="jaxcluster-session-", dir=errors_dir)
+        self._errors: IO[bytes] = os.fdopen(fd, "w+b")
+        if spawn is None:
+            os.unlink(self._errors_path)
+        self._process: Any = None  # a Popen, or what ``spawn`` returned
 
     @property
     def pid(self) -> int:
@@ -99,11 +108,15 @@ class HostSession:
         return fork is not None and fork.done() and not fork.cancelled() and not fork.exception()
 
     def start(self, local_environment: dict[str, str], environment: dict[str, str]) -> None:
-        self._process = subprocess.Popen(
-            self.command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._errors,
-            env={**os.environ, **local_environment},
-            start_new_session=True,  # the kernel's stop button (SIGINT to its group) is not for it
-        )
+        if self._spawn is not None:
+            self._process = self._spawn(self.command, {**os.environ, **local_environment},
+                                        self._errors_path)
+        else:
+            self._process = subprocess.Popen(
+                self.command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                stderr=self._errors, env={**os.environ, **local_environment},
+                start_new_session=True,  # the kernel's stop button (SIGINT to its group): not it
+            )
         self.send({"environment": environment})
         threading.Thread(target=self._read, name=f"jaxcluster-line-{self.host or 'local'}",
                          daemon=True).start()
@@ -195,8 +208,10 @@ class HostSession:
 class HostSessions:
     """The lines of one cluster, by host, opened at once."""
 
-    def __init__(self, plan: ForkPlan, cluster_environment: dict[str, str]) -> None:
+    def __init__(self, plan: ForkPlan, cluster_environment: dict[str, str],
+                 spawn: Spawn | None = None, errors_dir: str | None = None) -> None:
         self.plan = plan
+        self._spawn, self._errors_dir = spawn, errors_dir
         # the cluster's id and profile, which name this machine's processes of the cluster
         self._cluster_environment = cluster_environment
         self.progress: Progress | None = None  # the current start's; called from the lines
@@ -255,7 +270,7 @@ class HostSessions:
     def _open(self, host: str) -> HostSession:
         session = self.sessions[host] = HostSession(
             host, self.plan.command(host), self.plan.reach,
-            lambda: self.report(0, self._engines))
+            lambda: self.report(0, self._engines), self._spawn, self._errors_dir)
         session.start(self._cluster_environment,
                       {**self.plan.environment, **self._cluster_environment})
         return session

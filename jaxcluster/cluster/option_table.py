@@ -16,6 +16,7 @@ from typing import Any
 
 from ..errors import ConfigError
 from .hosts import check_local_ip, parse_hosts, split_host_port
+from .kept import check_name, duration
 from .launchers import LAUNCHERS, check_launcher, split_launcher_args
 
 PLATFORMS = ("cpu", "gpu", "cuda", "rocm", "tpu")
@@ -305,6 +306,26 @@ OPTIONS: tuple[Option, ...] = (
         annotation="bool", check=bool,
         help="automatic restarts (after a hang, a death, a process that cannot be stopped) "
         "start the processes empty instead of carrying each one's state across.",
+    ),
+    Option(
+        "keep", ("--keep",), START, Switch(), default=False, annotation="bool", check=bool,
+        help="keep the cluster when this kernel ends: a keeper process holds it, and any "
+        "kernel of yours on this machine attaches to it (%jax_cluster attach NAME) with every "
+        "process's state. Local launcher only.",
+    ),
+    Option(
+        "name", ("--name",), START, Text(), "NAME", annotation="str | None", check=check_name,
+        help="--keep: the kept cluster's name, for attach, list and stop. Default: default.",
+    ),
+    Option(
+        "idle_timeout", ("--idle-timeout",), START, Text(), "DURATION", default="1h",
+        annotation="float | str", check=duration,
+        help="--keep: the keeper ends the cluster once no kernel has been attached for this "
+        "long (seconds, or 90s, 30m, 2h). Default 1h; never while a kernel is attached.",
+    ),
+    Option(
+        None, ("--force",), ("attach",), Switch(),
+        help="attach: take the kept cluster over from the kernel attached to it.",
     ),
     Option(
         None, ("--keep-state",), ("restart",), Switch(),

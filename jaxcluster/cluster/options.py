@@ -61,6 +61,10 @@ class ClusterOptions:
     sync: str | None
     # automatic restarts carry each process's state (--no-keep-state: they do not)
     keep_state: bool
+    # --keep: a keeper holds the cluster, which outlives the kernel; its name and idle timeout
+    keep: bool = False
+    name: str | None = None
+    idle_timeout: float = 3600.0
 
     @classmethod
     def checked(cls, **given: Any) -> ClusterOptions:
@@ -78,6 +82,13 @@ class ClusterOptions:
         check_hosts_options(values["launcher"], nodes, hosts, engines_per_host)
         if values["coordinator"] is not None and values["coordinator_port"] is not None:
             raise ConfigError("Give --coordinator HOST:PORT or --coordinator-port P, not both.")
+        if values["keep"] and values["launcher"] != "local":
+            raise ConfigError(
+                f"--keep works with the local launcher only for now, not --launcher "
+                f"{values['launcher']}: drop --keep, or start the cluster locally."
+            )
+        if not values["keep"] and values["name"] is not None:
+            raise ConfigError("--name names a kept cluster: add --keep, or drop --name.")
         return cls(**{
             **values, "nodes": nodes, "hosts": hosts,
             "engine_env": dict(values["engine_env"] or {}),

@@ -8,6 +8,7 @@ import sys
 import ipyparallel as ipp
 
 from ..cells.process_calls import ProcessCalls, timed_out
+from ..contracts import ProcessInfo
 from ..engine import jax_internals
 from ..engine import process as _engine
 from ..errors import ConfigError, JaxClusterError
@@ -81,3 +82,22 @@ def array_layout(calls: ProcessCalls, name: str, process_index: int, timeout: fl
         )
     layout: dict = layouts[process_index]
     return layout
+
+
+def summary(processes: list[ProcessInfo], startup_seconds: float | None,
+            features_off: dict[str, str]) -> str:
+    """``4 processes × 2 cpu devices = 8 global devices, ready in 5.2 s``, and what is off."""
+    counts = {len(p.local_device_ids) for p in processes}
+    platform = processes[0].platform
+    total = sum(len(p.local_device_ids) for p in processes)
+    if len(counts) == 1:
+        per = f"{counts.pop()} {platform} devices"
+    else:
+        per = f"{min(counts)}–{max(counts)} {platform} devices"
+    noun = "process" if len(processes) == 1 else "processes"
+    line = f"{len(processes)} {noun} × {per} = {total} global devices"
+    if startup_seconds is not None:
+        line += f", ready in {startup_seconds:.1f} s"
+    for feature, why in features_off.items():
+        line += f"\n{feature} is off: {why}"
+    return line

@@ -50,6 +50,7 @@ class RunningCluster:
     # what the engines' JAX or IPython lacks, and why
     features_off: dict[str, str] = field(default_factory=dict)
     feed: HealthFeed = field(default_factory=HealthFeed)
+    job: distributed.JaxProcesses | None = None  # as taken: a kept cluster's keeper keeps it
     _file_server: Any = None  # data.FileServer, made on first use
     _poller: Poller | None = None
 
@@ -67,6 +68,7 @@ class RunningCluster:
         """The processes of a start or restart: calls to them, a view, the feed polling them."""
         assert self.client is not None
         self._stop_polling()
+        self.job = job
         self.processes = job.processes
         self.coordinator = job.coordinator
         self.machines, self.here = job.machines, job.here

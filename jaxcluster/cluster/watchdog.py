@@ -146,11 +146,12 @@ def kill_cluster(
         os.remove(cluster_file)
 
 
-def start(cluster_file: str, cluster_id: str, launcher: str) -> subprocess.Popen:
+def start(cluster_file: str, cluster_id: str, launcher: str,
+          parent: int | None = None) -> subprocess.Popen:
     """A watchdog for the cluster ``cluster_id`` (its file need not exist yet) that the
-    launcher named ``launcher`` starts, watching this process; start it before any process of
-    the cluster."""
-    me = psutil.Process()
+    launcher named ``launcher`` starts, watching this process (or ``parent``: a kept cluster's
+    keeper); start it before any process of the cluster."""
+    me = psutil.Process(parent)
     return subprocess.Popen(
         [sys.executable, "-m", "jaxcluster.cluster.watchdog", str(me.pid), repr(me.create_time()),
          cluster_file, cluster_id, launcher],

@@ -152,7 +152,43 @@ class JaxClusterMagics(ClusterMagicsBase):
             return
         show(cell_render.setup_text(cluster.setup_cells))
 
+    def _attach(self, args: Any) -> None:
+        if args.kept is None:
+            raise UsageError("Name the kept cluster: %jax_cluster attach NAME "
+                             "(%jax_cluster list shows them).")
+        if self.cluster is not None and self.cluster.running:
+            raise UsageError("A cluster is already running here. Detach it (%jax_cluster detach)"
+                             " or stop it (%jax_cluster stop) first.")
+        self.cluster = JaxCluster.attach(args.kept, force=bool(args.force))
+        print(f"Attached to {args.kept!r} in {self.cluster.startup_seconds:.2f} s: "
+              f"{self.cluster.summary().split(',')[0]}.")
+
+    def _detach(self, args: Any) -> None:
+        cluster, self.cluster = self.cluster, None
+        if cluster is None:
+            print("No cluster is running.")
+            return
+        options = cluster.options
+        cluster.detach()
+        name = options.name or "default"
+        print(f"Detached: {name!r} runs on." if options.keep else "Cluster stopped.")
+
+    def _list(self, args: Any) -> None:
+        rows = JaxCluster.kept_clusters()
+        if not rows:
+            print("No kept clusters (start one with %jax_cluster start --keep --name NAME).")
+        for row in rows:
+            since = time.strftime("%H:%M:%S", time.localtime(row.idle_since or 0))
+            state = f"attached to {row.holder}" if row.holder else f"idle since {since}"
+            print(f"{row.name}: {row.processes} processes × {row.devices // max(row.processes, 1)}"
+                  f" devices, {state}")
+
     def _stop(self, args: Any) -> None:
+        held = self.cluster.options.name if self.cluster is not None else None
+        if args.kept is not None and held != args.kept:
+            JaxCluster.stop_kept(args.kept)
+            print(f"Kept cluster {args.kept!r} stopped.")
+            return
         cluster, self.cluster = self.cluster, None
         if cluster is None:
             print("No cluster is running.")
@@ -377,7 +413,7 @@ class JaxClusterMagics(ClusterMagicsBase):
 
     def stop_all(self) -> None:
         if self.cluster is not None:
-            self.cluster.stop()
+            self.cluster.detach()  # stops it, unless it is kept
             self.cluster = None
 
 

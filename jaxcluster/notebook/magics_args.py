@@ -31,7 +31,7 @@ from ..errors import ConfigError, NoClusterError
 
 Decorator = Callable[[Any], Any]
 
-ACTIONS = ("start", "stop", "status", "restart", "connect", "setup")
+ACTIONS = ("start", "stop", "status", "restart", "connect", "setup", "attach", "detach", "list")
 
 
 def usage_errors(func: Callable[..., Any]) -> Callable[..., Any]:
@@ -183,9 +183,13 @@ def cluster_arguments() -> Decorator:
         help="start: controller, engines and jax.distributed; stop: end them all; "
         "status: one row per process; restart: fresh engines and jax.distributed, same options, "
         "then the setup cells replayed; connect: attach to a controller and engines started "
-        "elsewhere; setup: list the setup cells (%%%%spmd --setup).",
+        "elsewhere; setup: list the setup cells (%%%%spmd --setup); attach NAME: drive a kept "
+        "cluster (start --keep); detach: leave it running; list: your kept clusters; "
+        "stop NAME: end a kept cluster this kernel is not attached to.",
     )
-    return stack(action, *(option_argument(o) for o in OPTIONS if o.flags))
+    kept = argument("kept", nargs="?", default=None, metavar="NAME",
+                    help="attach, stop: the kept cluster's name.")
+    return stack(action, kept, *(option_argument(o) for o in OPTIONS if o.flags))
 
 
 def option_argument(option: Option) -> Decorator:

@@ -1,0 +1,272 @@
+"""The keeper of a kept cluster (``--keep``): a small process on the notebook's machine that holds
+what the kernel holds otherwise, so that the cluster outlives the kernel.
+
+It starts each host's forking process and holds its stdin and stdout (the line: closing it ends
+the host's engines), relaying the line to the kernel that drives the cluster while one is
+attached. It knows which kernel holds the cluster (a token; the connection it holds open: a
+killed kernel lets go when its socket closes) and ends the cluster when no kernel has held it
+for the idle timeout, or when told to stop. The watchdog watches this process, not a kernel:
+when it ends, for any reason, the controller and the engines go with it.
+
+Its record (``jaxcluster-kept-NAME.json``: pid, socket, the secret every request carries) and its
+Unix socket are 0600 in the user's Jupyter runtime folder. Messages are JSON, one a line; a
+connection's first names the secret and the operation. Only the standard library before the
+end: it stays small.
+
+Run as ``python -m jaxcluster.cluster.keeper NAME IDLE_SECONDS``; it prints ``ready`` once its
+record is written.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hmac
+import json
+import os
+import secrets
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+from typing import IO, Any
+
+POLL_SECONDS = 0.5
+CLOSE_SECONDS = 10  # for a forking process to end once its line is closed
+PREFIX = "jaxcluster-kept-"
+
+
+def runtime_dir() -> str:
+    """The user's Jupyter runtime folder (``jupyter --runtime-dir``), made 0700 if new."""
+    from jupyter_core.paths import jupyter_runtime_dir
+
+    path = jupyter_runtime_dir()
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    return path
+
+
+def record_path(name: str, folder: str | None = None) -> str:
+    return os.path.join(folder or runtime_dir(), f"{PREFIX}{name}.json")
+
+
+def write_private(path: str, data: dict[str, Any]) -> None:
+    """``data`` as JSON in a file only this user reads, replaced whole."""
+    temporary = f"{path}.{os.getpid()}.tmp"
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump(data, f)
+    os.replace(temporary, path)
+
+
+class Line:
+    """One host's forking process, its stdin and stdout held here; relayed to a kernel's
+    connection while one is attached."""
+
+    def __init__(self, message: dict[str, Any]) -> None:
+        errors = open(message["errors"], "ab")  # noqa: SIM115 - the child's stderr
+        self.process = subprocess.Popen(
+            message["command"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=errors,
+            env=message["env"], start_new_session=True)
+        errors.close()
+        self._relay: IO[bytes] | None = None
+        self._lock = threading.Lock()
+        threading.Thread(target=self._out, daemon=True).start()
+
+    def serve(self, connection: socket.socket) -> None:
+        """Relay this connection's lines to the forking process until it closes (a kernel gone
+        or detached: the forking process and its engines stay)."""
+        out = connection.makefile("wb")
+        with self._lock:
+            self._relay = out
+        self._send(out, {"pid": self.process.pid})
+        stdin = self.process.stdin
+        assert stdin is not None
+        for line in connection.makefile("rb"):
+            with contextlib.suppress(OSError, ValueError):
+                stdin.write(line)
+                stdin.flush()
+        with self._lock:
+            if self._relay is out:
+                self._relay = None
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            if self.process.stdin is not None:
+                self.process.stdin.close()
+
+    def _out(self) -> None:
+        stdout = self.process.stdout
+        assert stdout is not None
+        for line in stdout:
+            with self._lock:
+                relay = self._relay
+            if relay is not None:
+                with contextlib.suppress(OSError, ValueError):
+                    relay.write(line)
+                    relay.flush()
+        code = self.process.wait()
+        with self._lock:
+            relay, self._relay = self._relay, None
+        if relay is not None:
+            self._send(relay, {"line_ended": code})
+            with contextlib.suppress(OSError):
+                relay.close()
+
+    @staticmethod
+    def _send(out: IO[bytes], message: dict[str, Any]) -> None:
+        with contextlib.suppress(OSError, ValueError):
+            out.write(json.dumps(message).encode() + b"\n")
+            out.flush()
+
+
+class Keeper:
+    def __init__(self, name: str, idle_seconds: float) -> None:
+        self.name = name
+        self.idle_seconds = idle_seconds
+        self.folder = runtime_dir()
+        self.record = record_path(name, self.folder)
+        self.socket_path = os.path.join(self.folder, f"{PREFIX}{name}.sock")
+        self.secret = secrets.token_hex(32)
+        self.info: dict[str, Any] = {}  # what the kernels tell of the cluster
+        self.lines: list[Line] = []
+        self.holder: dict[str, Any] | None = None  # token, who, since
+        self._hold: socket.socket | None = None
+        self.idle_since = time.time()
+        self.started = time.time()
+        self.ending = threading.Event()
+        self._lock = threading.Lock()
+
+    def run(self) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.socket_path)
+        server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        old = os.umask(0o177)  # the socket is born 0600: no moment where others may connect
+        try:
+            server.bind(self.socket_path)
+        finally:
+            os.umask(old)
+        server.listen()
+        self._write_record()
+        print("ready", flush=True)
+        threading.Thread(target=self._accept, args=(server,), daemon=True).start()
+        while not self.ending.wait(POLL_SECONDS):
+            with self._lock:
+                idle = self.holder is None and time.time() - self.idle_since > self.idle_seconds
+            if idle:
+                break
+        self._end()
+
+    def _write_record(self) -> None:
+        with self._lock:
+            holder = None if self.holder is None else {
+                k: self.holder[k] for k in ("who", "since")}
+            write_private(self.record, {
+                "name": self.name, "pid": os.getpid(), "socket": self.socket_path,
+                "secret": self.secret, "started": self.started, "idle_seconds": self.idle_seconds,
+                "holder": holder, "idle_since": None if holder else self.idle_since,
+                "info": self.info,
+            })
+
+    def _accept(self, server: socket.socket) -> None:
+        while True:
+            connection, _ = server.accept()
+            threading.Thread(target=self._serve, args=(connection,), daemon=True).start()
+
+    def _serve(self, connection: socket.socket) -> None:
+        with connection:
+            reader = connection.makefile("rb")
+            try:
+                message = json.loads(reader.readline())
+            except ValueError:
+                return
+            if not hmac.compare_digest(str(message.get("secret", "")), self.secret):
+                _reply(connection, {"error": "wrong secret"})
+                return
+            op = message.get("op")
+            if op == "line":
+                line = Line(message)
+                self.lines.append(line)
+                line.serve(connection)
+            elif op == "hold":
+                self._serve_hold(connection, reader, message)
+            elif op == "update":
+                with self._lock:
+                    self.info.update(message["info"])
+                self._write_record()
+                _reply(connection, {"ok": True})
+            elif op == "stop":
+                self._end(connection)
+
+    def _serve_hold(self, connection: socket.socket, reader: IO[bytes],
+                    message: dict[str, Any]) -> None:
+        """The kernel that drives the cluster: held while this connection is open."""
+        with self._lock:
+            holder, hold = self.holder, self._hold
+            if holder is not None and not message.get("force"):
+                refused = holder["who"]
+            else:
+                refused = None
+                self.holder = {"token": message["token"], "who": message["who"],
+                               "since": time.time()}
+                self._hold = connection
+        if refused is not None:
+            _reply(connection, {"held_by": refused})
+            return
+        if hold is not None and holder is not None:  # taken over: the first kernel is told
+            _reply(hold, {"taken_by": message["who"]})
+            with contextlib.suppress(OSError):
+                hold.shutdown(socket.SHUT_RDWR)
+        self._write_record()
+        _reply(connection, {"ok": True, "info": self.info})
+        for _ in reader:  # until the kernel detaches or dies
+            pass
+        with self._lock:
+            if self._hold is connection:
+                self.holder, self._hold = None, None
+                self.idle_since = time.time()
+        self._write_record()
+
+    def _end(self, connection: socket.socket | None = None) -> None:
+        """End the cluster: each line closed (its engines end), then the controller and
+        anything left of the cluster killed, the files removed, and this process exits."""
+        self.ending.set()
+        for line in self.lines:
+            line.close()
+        deadline = time.monotonic() + CLOSE_SECONDS
+        for line in self.lines:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                line.process.wait(max(deadline - time.monotonic(), 0.01))
+            if line.process.poll() is None:
+                line.process.kill()
+        from . import watchdog  # psutil, only now
+
+        cluster_file, cluster_id = self.info.get("cluster_file"), self.info.get("cluster_id")
+        if cluster_file:
+            watchdog.kill_cluster(cluster_file, _nothing, cluster_id)
+        if self.info.get("work_dir"):
+            shutil.rmtree(self.info["work_dir"], ignore_errors=True)
+        for path in (self.record, self.socket_path):
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+        if connection is not None:
+            _reply(connection, {"ok": True})
+        os._exit(0)
+
+
+def _nothing(cluster_info: dict[str, Any]) -> None:
+    """The local launcher leaves nothing beyond this machine's processes."""
+
+
+def _reply(connection: socket.socket, message: dict[str, Any]) -> None:
+    with contextlib.suppress(OSError):
+        connection.sendall(json.dumps(message).encode() + b"\n")
+
+
+def main(argv: list[str]) -> int:
+    Keeper(argv[0], float(argv[1])).run()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

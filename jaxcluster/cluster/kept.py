@@ -1,0 +1,275 @@
+"""The kernel's side of kept clusters (``keeper.py`` is the keeper's): start a keeper, ask it,
+hold the cluster, open host lines through it, and list this user's kept clusters.
+
+A kernel holds a kept cluster by keeping one connection to its keeper open (``Hold``): the
+keeper counts the cluster idle from the moment it closes, a killed kernel's included.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import glob
+import json
+import os
+import pickle
+import re
+import socket
+import subprocess
+import sys
+import threading
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import IO, Any
+
+import psutil
+
+from ..errors import ConfigError, JaxClusterError
+from .keeper import PREFIX, record_path, runtime_dir
+
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z")
+START_SECONDS = 30  # for a keeper to write its record
+UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def check_name(name: Any) -> str:
+    if not isinstance(name, str) or not NAME.match(name):
+        raise ConfigError(
+            f"The name of a kept cluster is letters, digits, '.', '_' and '-', not {name!r} "
+            "(e.g. --name llm)."
+        )
+    return name
+
+
+def duration(value: Any) -> float:
+    """``value`` in seconds: a number, or one with a unit (``90s``, ``30m``, ``2h``, ``1d``)."""
+    text = str(value).strip().lower()
+    number, unit = (text[:-1], text[-1]) if text[-1:] in UNITS else (text, "s")
+    try:
+        seconds = float(number) * UNITS[unit]
+    except ValueError:
+        seconds = -1.0
+    if isinstance(value, bool) or not seconds > 0:
+        raise ConfigError(
+            f"--idle-timeout must be a positive duration, not {value!r}: seconds, or a number "
+            "with s, m, h or d (e.g. --idle-timeout 30m)."
+        )
+    return seconds
+
+
+def encode(value: Any) -> str:
+    """A value of this package (the processes, the setup cells) for the keeper to keep."""
+    return base64.b64encode(pickle.dumps(value)).decode()
+
+
+def decode(text: str) -> Any:
+    # the keeper's record is this user's own 0600 file, written by this package
+    return pickle.loads(base64.b64decode(text))
+
+
+@dataclass
+class Kept:
+    """A keeper, as its record describes it."""
+
+    record: dict[str, Any]
+
+    @classmethod
+    def named(cls, name: str) -> Kept:
+        try:
+            with open(record_path(check_name(name))) as f:
+                record = json.load(f)
+        except (OSError, ValueError):
+            record = {}
+        kept = cls(record)
+        if not record or not kept.alive:
+            names = ", ".join(k.name for k in kept_clusters()) or "none"
+            raise ConfigError(
+                f"No kept cluster named {name!r} on this machine (kept clusters: {names}). "
+                "Start one with %jax_cluster start --keep --name NAME."
+            )
+        return kept
+
+    @property
+    def name(self) -> str:
+        return str(self.record["name"])
+
+    @property
+    def alive(self) -> bool:
+        try:
+            return psutil.Process(int(self.record["pid"])).status() != psutil.STATUS_ZOMBIE
+        except (psutil.Error, KeyError, ValueError):
+            return False
+
+    @property
+    def info(self) -> dict[str, Any]:
+        return dict(self.record.get("info") or {})
+
+    def connect(self, op: str, **message: Any) -> socket.socket:
+        connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            connection.connect(self.record["socket"])
+        except OSError as e:
+            connection.close()
+            raise JaxClusterError(
+                f"The keeper of the kept cluster {self.name!r} does not answer ({e}): it has "
+                "ended. List the kept clusters with %jax_cluster list."
+            ) from None
+        connection.sendall(json.dumps(
+            {"secret": self.record["secret"], "op": op, **message}).encode() + b"\n")
+        return connection
+
+    def ask(self, op: str, **message: Any) -> dict[str, Any]:
+        with self.connect(op, **message) as connection:
+            answer = connection.makefile("rb").readline()
+        return json.loads(answer) if answer else {}
+
+    def update(self, **info: Any) -> None:
+        self.ask("update", info=info)
+
+    def stop(self) -> None:
+        self.ask("stop")
+
+    def line(self, command: list[str], env: dict[str, str], errors: str) -> KeptLine:
+        return KeptLine(self.connect("line", command=command, env=env, errors=errors))
+
+
+def start_keeper(name: str, idle_seconds: float) -> Kept:
+    """A new keeper named ``name``; a ``ConfigError`` where one of that name runs."""
+    with contextlib.suppress(ConfigError):
+        Kept.named(name)
+        raise ConfigError(
+            f"A kept cluster named {name!r} is running already: attach to it "
+            f"(%jax_cluster attach {name}), stop it (%jax_cluster stop {name}), or choose "
+            "another --name."
+        )
+    process = subprocess.Popen(
+        [sys.executable, "-m", "jaxcluster.cluster.keeper", name, repr(idle_seconds)],
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        start_new_session=True,  # neither the stop button nor the kernel's end reach it
+    )
+    assert process.stdout is not None
+    ready = _first_line(process.stdout, START_SECONDS)
+    if ready != b"ready\n":
+        process.kill()
+        raise JaxClusterError(
+            "The keeper of a kept cluster did not start: "
+            + (process.stderr.read().decode(errors="replace") if process.stderr else "")
+        )
+    # it runs on by itself: its pipes are closed here, and a thread reaps it, should it end
+    process.stdout.close()
+    if process.stderr is not None:
+        process.stderr.close()
+    threading.Thread(target=process.wait, daemon=True).start()
+    return Kept.named(name)
+
+
+def _first_line(stream: IO[bytes], seconds: float) -> bytes:
+    found: list[bytes] = []
+    reader = threading.Thread(target=lambda: found.append(stream.readline()), daemon=True)
+    reader.start()
+    reader.join(seconds)
+    return found[0] if found else b""
+
+
+class Hold:
+    """This kernel's hold of a kept cluster: open while this kernel drives it."""
+
+    def __init__(self, kept: Kept, force: bool) -> None:
+        self.kept = kept
+        self.token = uuid.uuid4().hex
+        self.taken_by: str | None = None
+        self._connection = kept.connect("hold", token=self.token, who=who_am_i(), force=force)
+        self._reader = self._connection.makefile("rb")
+        answer = json.loads(self._reader.readline() or b"{}")
+        if "held_by" in answer:
+            self._connection.close()
+            raise ConfigError(
+                f"The kept cluster {kept.name!r} is attached to another kernel "
+                f"({answer['held_by']}). Detach it there (%jax_cluster detach), or take it over "
+                f"with %jax_cluster attach {kept.name} --force."
+            )
+        if not answer.get("ok"):
+            self._connection.close()
+            raise JaxClusterError(f"The keeper of {kept.name!r} refused: {answer}")
+        self.info: dict[str, Any] = answer["info"]
+        threading.Thread(target=self._listen, daemon=True).start()
+
+    def _listen(self) -> None:
+        for line in self._reader:
+            with contextlib.suppress(ValueError):
+                self.taken_by = json.loads(line).get("taken_by", self.taken_by)
+
+    def release(self) -> None:
+        with contextlib.suppress(OSError):
+            self._connection.shutdown(socket.SHUT_RDWR)
+        self._connection.close()
+
+
+def who_am_i() -> str:
+    """This kernel, as another kernel's refusal names it (its token stays the keeper's)."""
+    return f"kernel pid {os.getpid()}"
+
+
+class KeptLine:
+    """A host's line through the keeper, as ``host_sessions.HostSession`` uses a ``Popen``."""
+
+    def __init__(self, connection: socket.socket) -> None:
+        self._connection = connection
+        self._reader = connection.makefile("rb")
+        self.stdin: IO[bytes] | None = connection.makefile("wb")
+        self.code: int | None = None
+        first = json.loads(self._reader.readline() or b"{}")
+        if "pid" not in first:
+            raise JaxClusterError(f"The keeper could not start the forking process: {first}")
+        self.pid = int(first["pid"])
+
+    @property
+    def stdout(self) -> Iterator[bytes]:
+        for line in self._reader:
+            if line.startswith(b'{"line_ended"'):
+                self.code = int(json.loads(line)["line_ended"])
+                return
+            yield line
+
+    def wait(self) -> int:
+        return -1 if self.code is None else self.code
+
+    def poll(self) -> int | None:
+        return self.code
+
+    def kill(self) -> None:
+        """Let go of the line here (the keeper keeps the forking process)."""
+        with contextlib.suppress(OSError):
+            self._connection.shutdown(socket.SHUT_RDWR)
+
+
+@dataclass
+class KeptCluster:
+    """One row of ``kept_clusters``."""
+
+    name: str
+    processes: int
+    devices: int
+    holder: str | None  # the kernel attached to it
+    idle_since: float | None  # when the last kernel let go (None while held)
+    pid: int
+
+
+def kept_clusters() -> list[KeptCluster]:
+    """This user's kept clusters on this machine whose keeper runs, by name."""
+    found = []
+    for path in sorted(glob.glob(os.path.join(runtime_dir(), f"{PREFIX}*.json"))):
+        try:
+            with open(path) as f:
+                kept = Kept(json.load(f))
+        except (OSError, ValueError):
+            continue
+        if not kept.alive:
+            continue
+        info, holder = kept.info, kept.record.get("holder")
+        found.append(KeptCluster(
+            kept.name, int(info.get("nodes", 0)), int(info.get("devices", 0)),
+            holder["who"] if holder else None, kept.record.get("idle_since"),
+            int(kept.record["pid"])))
+    return found

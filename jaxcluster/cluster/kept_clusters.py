@@ -1,0 +1,97 @@
+"""The part of ``JaxCluster`` that kept clusters add (``keep=True``): attach, detach, list,
+stop by name, and the keeper told what an attaching kernel takes (``reattach.py``)."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, TypeVar
+
+from ..cells import recovery
+from ..errors import ConfigError, JaxClusterError
+from . import kept, reattach
+from .event_loop import LoopThread
+from .options import ClusterOptions
+from .running import RunningCluster
+
+C = TypeVar("C", bound="KeptClusters")
+
+
+class KeptClusters:
+    """Mixed into ``JaxCluster``: what it holds is declared here for the type checker."""
+
+    options: ClusterOptions
+    cluster_id: str | None
+    startup_seconds: float | None
+    setup_cells: list[recovery.SetupCell]
+    _running: RunningCluster | None
+    _hold: kept.Hold | None
+    _loop: LoopThread
+
+    def stop(self) -> None:
+        raise NotImplementedError
+
+    @classmethod
+    def attach(cls: type[C], name: str, force: bool = False) -> C:
+        """Drive the kept cluster ``name`` (``keep=True``) from this kernel: its processes, with
+        their state. Refused while another kernel is attached, naming it; ``force`` takes it
+        over. ``detach`` leaves it running; ``stop`` ends it."""
+        taken = reattach.attach(name, force)
+        cluster = cls()
+        cluster.options, cluster.cluster_id = taken.options, taken.cluster_id
+        cluster._running, cluster._hold = taken.running, taken.hold
+        cluster.setup_cells, cluster.startup_seconds = taken.setup_cells, taken.seconds
+        return cluster
+
+    def detach(self) -> None:
+        """Let go of a kept cluster: it runs on, for another kernel to attach to (or until its
+        idle timeout). ``stop`` for a cluster that is not kept."""
+        if self._hold is None:
+            return self.stop()
+        hold, self._hold = self._hold, None
+        running, self._running = self._running, None
+        if running is not None:
+            running.launched = None  # the keeper's now: only this kernel's part ends
+            running.work_dir = None
+            running.stop(self.options, self._loop)
+        self._loop.close()
+        hold.release()
+
+    @staticmethod
+    def kept_clusters() -> list[kept.KeptCluster]:
+        """This user's kept clusters on this machine: name, processes, devices, the kernel
+        attached or since when none is."""
+        return kept.kept_clusters()
+
+    @staticmethod
+    def stop_kept(name: str) -> None:
+        """End the kept cluster ``name``, attached to another kernel or to none."""
+        kept.Kept.named(name).stop()
+
+    def _keeper(self) -> kept.Kept | None:
+        """A new keeper for ``keep``, held by this kernel from the start."""
+        if not self.options.keep:
+            return None
+        keeper = kept.start_keeper(self.options.name or "default", self.options.idle_timeout)
+        self._hold = kept.Hold(keeper, force=False)
+        return keeper
+
+    def _publish(self) -> None:
+        """What a kernel attaching to a kept cluster takes, told to its keeper."""
+        if self._hold is not None and self._running is not None and self._running.launched:
+            reattach.publish(self._hold.kept, self._running, self.options, self.cluster_id,
+                             self.setup_cells)
+
+    def _end_kept(self) -> None:
+        """A kept cluster's stop: its keeper ends what it holds (lines, controller, engines)."""
+        hold, self._hold = self._hold, None
+        if hold is not None:
+            with contextlib.suppress(JaxClusterError):  # a start that failed stopped it
+                hold.kept.stop()
+            hold.release()
+
+    def _check_restartable(self, launched: Any) -> None:
+        if self._hold is not None and launched is None:
+            raise ConfigError(
+                "A kept cluster cannot be restarted from a kernel that attached to it yet: "
+                "restart it from the kernel that started it, or stop it and start it again."
+            )

@@ -1,0 +1,129 @@
+"""Kept clusters (``--keep``) with real processes: a kernel killed while idle, another process
+attaching with every process's state, a second attach refused, the idle timeout."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+
+import psutil
+import pytest
+
+from jaxcluster import JaxCluster
+from jaxcluster.errors import ConfigError, JaxClusterError
+
+STARTER = """
+import sys, time
+from jaxcluster import JaxCluster
+c = JaxCluster(nodes=2, devices_per_node=2, keep=True, name=sys.argv[1],
+               idle_timeout=float(sys.argv[2]), sync=False)
+c.start()
+r = c.run('''
+import jax, jax.numpy as jnp
+from jax.sharding import NamedSharding, PartitionSpec as P
+x = jax.device_put(jnp.arange(8.0), NamedSharding(jax.make_mesh((4,), ("x",)), P("x")))
+d = {"rank": jax.process_index()}
+f = jax.jit(lambda v: v * 2)
+f(x).block_until_ready()
+''')
+assert r.ok, r
+print("READY", flush=True)
+time.sleep(600)
+"""
+
+
+def start_kept(name: str, idle: float) -> subprocess.Popen[str]:
+    """A process that starts a kept cluster, sets its state, then idles (until killed)."""
+    kernel = subprocess.Popen([sys.executable, "-c", STARTER, name, str(idle)],
+                              stdout=subprocess.PIPE, text=True)
+    assert kernel.stdout is not None
+    line = kernel.stdout.readline()
+    assert line == "READY\n", line
+    return kernel
+
+
+def kill(kernel: subprocess.Popen[str]) -> None:
+    kernel.send_signal(signal.SIGKILL)
+    kernel.wait()
+
+
+def cluster_pids(name: str) -> list[int]:
+    """This machine's processes of the kept cluster ``name``: keeper, forking process,
+    engines, controller (by the cluster id in their environment or command line)."""
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        try:
+            cmdline = proc.info["cmdline"] or []
+            if "jaxcluster.cluster.keeper" in " ".join(cmdline) and name in cmdline:
+                found.append(proc.pid)
+        except psutil.Error:
+            continue
+    return found
+
+
+@pytest.fixture
+def name() -> Iterator[str]:
+    kept = f"test-{uuid.uuid4().hex[:8]}"
+    yield kept
+    with contextlib.suppress(ConfigError, JaxClusterError):  # ended already
+        JaxCluster.stop_kept(kept)
+
+
+def test_state_survives_a_killed_kernel_and_attach_is_fast(name: str) -> None:
+    kill(start_kept(name, 120))
+    deadline = time.monotonic() + 5  # the keeper notices the closed connection at once
+    while True:
+        rows = {row.name: row for row in JaxCluster.kept_clusters()}
+        if rows[name].holder is None or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    assert rows[name].processes == 2 and rows[name].devices == 4
+    assert rows[name].holder is None  # the killed kernel let go
+    began = time.perf_counter()
+    cluster = JaxCluster.attach(name)
+    seconds = time.perf_counter() - began
+    try:
+        result = cluster.run("print(float(f(x).sum()), d['rank'] == jax.process_index(), "
+                             "x.sharding.spec)")
+        assert result.ok, result
+        for process in result.processes:
+            assert process.stdout == "56.0 True P('x',)\n"
+        assert seconds <= 0.5, seconds
+    finally:
+        cluster.stop()
+    assert name not in {row.name for row in JaxCluster.kept_clusters()}
+
+
+def test_second_attach_refused_naming_holder_and_force_takes_over(name: str) -> None:
+    kernel = start_kept(name, 120)
+    try:
+        with pytest.raises(ConfigError, match=f"kernel pid {kernel.pid}"):
+            JaxCluster.attach(name)
+        cluster = JaxCluster.attach(name, force=True)
+        assert cluster.run("d").ok
+        row = {r.name: r for r in JaxCluster.kept_clusters()}[name]
+        assert row.holder == f"kernel pid {os.getpid()}"
+        cluster.detach()  # runs on
+        assert name in {r.name for r in JaxCluster.kept_clusters()}
+    finally:
+        kill(kernel)
+
+
+def test_idle_timeout_ends_everything_but_never_while_attached(name: str) -> None:
+    kernel = start_kept(name, 3)
+    time.sleep(6)  # held all along by the idle kernel: nothing ends
+    assert name in {r.name for r in JaxCluster.kept_clusters()}
+    keeper = cluster_pids(name)
+    assert keeper
+    children = [c for pid in keeper for c in psutil.Process(pid).children(recursive=True)]
+    kill(kernel)
+    _, alive = psutil.wait_procs([psutil.Process(p) for p in keeper] + children,
+                                    timeout=3 + 15)
+    assert not alive, alive
+    assert name not in {r.name for r in JaxCluster.kept_clusters()}
