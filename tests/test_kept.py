@@ -109,7 +109,15 @@ def test_second_attach_refused_naming_holder_and_force_takes_over(name: str) -> 
         assert cluster.run("d").ok
         row = {r.name: r for r in JaxCluster.kept_clusters()}[name]
         assert row.holder == f"kernel pid {os.getpid()}"
-        cluster.detach()  # runs on
+        again = JaxCluster.attach(name, force=True)  # a third holder takes it over
+        deadline = time.monotonic() + 5
+        while cluster._hold is not None and cluster._hold.taken_by is None:
+            assert time.monotonic() < deadline, "the holder was not told"
+            time.sleep(0.05)
+        with pytest.raises(ConfigError, match=f"no longer drives the kept cluster '{name}'"):
+            cluster.run("d")  # told at its next cell
+        assert again.run("d").ok
+        again.detach()  # runs on
         assert name in {r.name for r in JaxCluster.kept_clusters()}
     finally:
         kill(kernel)
@@ -127,3 +135,4 @@ def test_idle_timeout_ends_everything_but_never_while_attached(name: str) -> Non
                                     timeout=3 + 15)
     assert not alive, alive
     assert name not in {r.name for r in JaxCluster.kept_clusters()}
+

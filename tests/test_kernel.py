@@ -458,3 +458,29 @@ def test_without_settings_cells_run_locally_until_a_cluster_starts(start_kernel)
     assert on_cluster.startswith("[process 0]\n") and str(kernel.pid) not in on_cluster
     assert kernel.text("%jax_cluster stop") == "Cluster stopped."
     assert kernel.text("os.getpid()") == str(kernel.pid)
+
+
+@pytest.mark.cluster
+def test_the_kernel_names_a_kept_cluster_and_attaches_when_told(start_kernel):
+    """Issue 44's point 5: a JAX Cluster kernel's first cell says a kept cluster runs here and
+    how to attach; with ``JAXCLUSTER_ATTACH`` it attaches instead of starting one."""
+    import contextlib
+    import uuid
+
+    from jaxcluster import JaxCluster
+    from jaxcluster.errors import ConfigError, JaxClusterError
+    from tests.test_kept import kill, start_kept
+
+    name = f"test-{uuid.uuid4().hex[:8]}"
+    try:
+        kill(start_kept(name, 120))
+        told = start_kernel(JAXCLUSTER_NODES="0")
+        assert (f"A kept JAX cluster runs on this machine: {name!r} (2 processes, 4 devices"
+                in told.text("1"))
+        attached = start_kernel(JAXCLUSTER_ATTACH=name)
+        first = attached.text("print(d)")
+        assert first.startswith(f"Attached to the kept JAX cluster {name!r}: 2 processes"), first
+        assert first.endswith("[process 0]\n{'rank': 0}\n[process 1]\n{'rank': 1}"), first
+    finally:
+        with contextlib.suppress(ConfigError, JaxClusterError):  # ended already
+            JaxCluster.stop_kept(name)

@@ -407,6 +407,7 @@ class JaxCluster(KeptClusters):
             raise ConfigError(f"targets: {e}") from None
 
     def _require_running(self) -> RunningCluster:
+        self._check_still_held()
         if self._running is None or not self.running:
             raise NoClusterError(
                 "No cluster is running. Start one with %jax_cluster start --nodes N."

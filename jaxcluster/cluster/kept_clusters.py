@@ -89,6 +89,19 @@ class KeptClusters:
                 hold.kept.stop()
             hold.release()
 
+    def _check_still_held(self) -> None:
+        """Once another kernel took the cluster over (``attach --force``), this one lets go,
+        and says so at its next use of it."""
+        hold = self._hold
+        if hold is None or hold.taken_by is None:
+            return
+        self.detach()
+        raise ConfigError(
+            f"This kernel no longer drives the kept cluster {hold.kept.name!r}: "
+            f"{hold.taken_by} took it over (attach --force). Take it back with %jax_cluster "
+            f"attach {hold.kept.name} --force, or start another cluster."
+        )
+
     def _check_restartable(self, launched: Any) -> None:
         if self._hold is not None and launched is None:
             raise ConfigError(

@@ -6,9 +6,11 @@ It is ipykernel's ``IPythonKernel`` with jaxcluster loaded, plus:
   every plain cell into a ``%%spmd`` cell while a cluster runs; cell magics, ``%%local`` and
   cells made only of line magics, shell escapes and help (``x?``) stay in this process;
 - a cluster started when the kernel starts, from ``JAXCLUSTER_NODES`` or
-  ``c.JaxClusterKernel.nodes``; the first cell waits for it and shows its progress;
+  ``c.JaxClusterKernel.nodes``; the first cell waits for it and shows its progress; or a kept
+  cluster (``--keep``) attached to at the first cell (``JAXCLUSTER_ATTACH``), else named there
+  with how to attach;
 - completion, signatures and ``x?`` answered from process 0's namespace;
-- shutdown and restart that stop the cluster first.
+- shutdown and restart that stop the cluster first (a kept one is only let go of).
 
 Which cells go where is decided in ``kernel_cells`` (pure); ``%%local`` and ``x?`` are the
 magics of ``kernel_magics``; what process 0 runs to answer is in ``engine.introspect``.
@@ -29,6 +31,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -47,6 +50,7 @@ if TYPE_CHECKING:
 ENV_NODES = "JAXCLUSTER_NODES"
 ENV_DEVICES_PER_NODE = "JAXCLUSTER_DEVICES_PER_NODE"
 ENV_PLATFORM = "JAXCLUSTER_PLATFORM"
+ENV_ATTACH = "JAXCLUSTER_ATTACH"
 ENV_SETTINGS = (ENV_NODES, ENV_DEVICES_PER_NODE, ENV_PLATFORM)
 
 
@@ -113,6 +117,12 @@ class JaxClusterKernel(IPythonKernel):
     start_timeout = Float(
         120.0, help="Seconds that cluster may take to start (engines and jax.distributed)."
     ).tag(config=True)
+    attach = Unicode(
+        "",
+        help=f"At the first cell, attach to this user's kept cluster of this name (started with "
+        f"%jax_cluster start --keep) instead of starting one; '': say which kept clusters run "
+        f"here and how to attach. ${ENV_ATTACH}, when set, wins.",
+    ).tag(config=True)
     remote_timeout = Float(
         5.0,
         help="Seconds to wait for an idle process 0 to answer a completion or inspection "
@@ -124,6 +134,8 @@ class JaxClusterKernel(IPythonKernel):
         super().__init__(**kwargs)
         self._autostart: _AutoStart | None = None
         self._autostart_error = ""
+        self._attach_name = ""
+        self._kept_reported = False
         shell = self.shell
         assert shell is not None  # IPythonKernel.__init__ made it
         shell.extension_manager.load_extension("jaxcluster")
@@ -158,6 +170,10 @@ class JaxClusterKernel(IPythonKernel):
         from ..cluster.facade import JaxCluster
         from ..errors import ConfigError
 
+        self._attach_name = os.environ.get(ENV_ATTACH, "").strip() or self.attach
+        if self._attach_name and any(
+                k.name == self._attach_name for k in JaxCluster.kept_clusters()):
+            return  # the first cell attaches to it (``_report_kept``)
         settings = self.autostart_settings()
         if settings is None:
             return
@@ -175,6 +191,30 @@ class JaxClusterKernel(IPythonKernel):
         self.log.info("Starting a JAX cluster (%s)", source)
         self._autostart = _AutoStart(cluster, source)
 
+    def _report_kept(self) -> None:
+        """In the first cell, without a cluster started with the kernel: attach to the kept
+        cluster the settings name, or say which kept clusters run here and how to attach."""
+        from ..cluster.facade import JaxCluster
+        from . import magics
+
+        loaded = magics.loaded_magics()
+        idle = [k for k in JaxCluster.kept_clusters() if k.holder is None]
+        if self._attach_name and loaded is not None and loaded.cluster is None:
+            try:
+                loaded.cluster = JaxCluster.attach(self._attach_name)
+            except Exception as e:  # said in the cell: the kernel runs on without it
+                sys.stderr.write(f"Could not attach to the kept JAX cluster "
+                                 f"{self._attach_name!r}: {e}\n")
+            else:
+                print(f"Attached to the kept JAX cluster {self._attach_name!r}: "
+                      f"{loaded.cluster.summary()}")
+            return
+        for found in idle:
+            since = time.time() - (found.idle_since or time.time())
+            print(f"A kept JAX cluster runs on this machine: {found.name!r} ({found.processes} "
+                  f"processes, {found.devices} devices, idle for {since / 60:.0f} min). Attach "
+                  f"with %jax_cluster attach {found.name}.")
+
     def cluster_active(self) -> bool:
         """Whether cells go to the cluster: one runs, or one is still starting."""
         auto = self._autostart
@@ -186,6 +226,9 @@ class JaxClusterKernel(IPythonKernel):
             sys.stderr.write(self._autostart_error)
             self._autostart_error = ""
         auto = self._autostart
+        if auto is None and not self._kept_reported:
+            self._kept_reported = True
+            self._report_kept()
         if auto is None or auto.reported:
             return
         shown = ""
