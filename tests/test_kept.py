@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -84,6 +85,11 @@ def test_state_survives_a_killed_kernel_and_attach_is_fast(name: str) -> None:
             break
         time.sleep(0.05)
     assert rows[name].processes == 2 and rows[name].devices == 4
+    assert rows[name].hosts == (socket.gethostname(),)
+    engines = [p for p in psutil.Process(rows[name].pid).children(recursive=True)]
+    assert len(engines) >= 3  # the host's forking process and its 2 engines
+    assert rows[name].memory is not None and rows[name].memory > sum(
+        p.memory_info().rss for p in engines) * 0.9
     assert rows[name].holder is None  # the killed kernel let go
     began = time.perf_counter()
     cluster = JaxCluster.attach(name)
@@ -136,3 +142,24 @@ def test_idle_timeout_ends_everything_but_never_while_attached(name: str) -> Non
     assert not alive, alive
     assert name not in {r.name for r in JaxCluster.kept_clusters()}
 
+
+
+def test_the_list_magic_names_each_kept_cluster_with_its_hosts_state_and_memory(
+        name: str) -> None:
+    from IPython import get_ipython
+    from IPython.testing.globalipapp import start_ipython
+    from IPython.utils.capture import capture_output
+
+    kill(start_kept(name, 120))
+    shell = start_ipython() or get_ipython()
+    shell.run_line_magic("load_ext", "jaxcluster")
+    deadline = time.monotonic() + 5
+    while {r.name: r for r in JaxCluster.kept_clusters()}[name].holder is not None:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    with capture_output() as listed:
+        shell.run_line_magic("jax_cluster", "list")
+    (line,) = [row for row in listed.stdout.splitlines() if row.startswith(f"{name}:")]
+    assert line.startswith(f"{name}: 2 processes × 2 devices on {socket.gethostname()}, "
+                           "idle since "), line
+    assert line.endswith(" GiB resident"), line

@@ -254,6 +254,25 @@ class KeptCluster:
     holder: str | None  # the kernel attached to it
     idle_since: float | None  # when the last kernel let go (None while held)
     pid: int
+    hosts: tuple[str, ...] = ()
+    memory: int | None = None  # bytes resident: the keeper and what it started (on this host)
+
+
+def _resident(pid: int) -> int | None:
+    """Bytes resident in the keeper and every process it started (the host's forking
+    processes and their engines: this host's, as the local launcher runs them)."""
+    import psutil
+
+    try:
+        keeper = psutil.Process(pid)
+        tree = [keeper, *keeper.children(recursive=True)]
+    except psutil.Error:
+        return None
+    total = 0
+    for proc in tree:
+        with contextlib.suppress(psutil.Error):
+            total += proc.memory_info().rss
+    return total
 
 
 def kept_clusters() -> list[KeptCluster]:
@@ -271,5 +290,6 @@ def kept_clusters() -> list[KeptCluster]:
         found.append(KeptCluster(
             kept.name, int(info.get("nodes", 0)), int(info.get("devices", 0)),
             holder["who"] if holder else None, kept.record.get("idle_since"),
-            int(kept.record["pid"])))
+            int(kept.record["pid"]), tuple(info.get("hosts", ())),
+            _resident(int(kept.record["pid"]))))
     return found

@@ -26,6 +26,7 @@ def publish(kept: Kept, running: RunningCluster, options: ClusterOptions,
         profile_dir=launched.ipp_cluster.profile_dir, work_dir=running.work_dir,
         nodes=len(running.processes),
         devices=sum(len(p.local_device_ids) for p in running.processes),
+        hosts=sorted({p.host for p in running.processes}),
         options=encode(dataclasses.replace(options)), job=encode(running.job),
         setup_cells=encode(setup_cells))
 

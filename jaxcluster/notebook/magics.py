@@ -180,8 +180,11 @@ class JaxClusterMagics(ClusterMagicsBase):
         for row in rows:
             since = time.strftime("%H:%M:%S", time.localtime(row.idle_since or 0))
             state = f"attached to {row.holder}" if row.holder else f"idle since {since}"
+            hosts = f" on {', '.join(row.hosts)}" if row.hosts else ""
+            memory = (f", {row.memory / 2**30:.1f} GiB resident" if row.memory is not None
+                      else "")
             print(f"{row.name}: {row.processes} processes × {row.devices // max(row.processes, 1)}"
-                  f" devices, {state}")
+                  f" devices{hosts}, {state}{memory}")
 
     def _stop(self, args: Any) -> None:
         held = self.cluster.options.name if self.cluster is not None else None
