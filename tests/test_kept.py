@@ -35,14 +35,17 @@ f(x).block_until_ready()
 ''')
 assert r.ok, r
 print("READY", flush=True)
+if len(sys.argv) > 3:  # a cell that still runs when this process is killed
+    c.run(sys.argv[3])
 time.sleep(600)
 """
 
 
-def start_kept(name: str, idle: float) -> subprocess.Popen[str]:
-    """A process that starts a kept cluster, sets its state, then idles (until killed)."""
-    kernel = subprocess.Popen([sys.executable, "-c", STARTER, name, str(idle)],
-                              stdout=subprocess.PIPE, text=True)
+def start_kept(name: str, idle: float, then: str = "") -> subprocess.Popen[str]:
+    """A process that starts a kept cluster, sets its state, then idles (until killed), or
+    runs the cell ``then`` first."""
+    kernel = subprocess.Popen([sys.executable, "-c", STARTER, name, str(idle),
+                               *([then] if then else [])], stdout=subprocess.PIPE, text=True)
     assert kernel.stdout is not None
     line = kernel.stdout.readline()
     assert line == "READY\n", line
@@ -163,3 +166,30 @@ def test_the_list_magic_names_each_kept_cluster_with_its_hosts_state_and_memory(
     assert line.startswith(f"{name}: 2 processes × 2 devices on {socket.gethostname()}, "
                            "idle since "), line
     assert line.endswith(" GiB resident"), line
+
+
+def test_a_kernel_killed_while_a_cell_runs_attach_says_what_the_cell_did(name: str) -> None:
+    """The cell runs on where the kernel died: process 0 still sleeps, process 1 raised;
+    an attach says so, and later that it ended."""
+    kernel = start_kept(name, 120, then="import time\nif jax.process_index() == 0:\n"
+                                        "    time.sleep(4)\nelse:\n    raise ValueError('bad')")
+    time.sleep(1)  # the cell has begun
+    kill(kernel)
+    deadline = time.monotonic() + 5
+    while {r.name: r for r in JaxCluster.kept_clusters()}[name].holder is not None:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    cluster = JaxCluster.attach(name)
+    try:
+        assert cluster.last_cell.startswith("The last cell (cell): still runs on process 0 (for ")
+        assert cluster.last_cell.endswith("process 1 raised ValueError: bad."), cluster.last_cell
+        time.sleep(4)
+        cluster.detach()
+        again = JaxCluster.attach(name)
+        assert again.last_cell.startswith("The last cell (cell): ended without error on "
+                                          "process 0 "), again.last_cell
+        assert again.run("print(d['rank'])").ok  # and it drives the processes as before
+        again.stop()
+    finally:
+        with contextlib.suppress(ConfigError, JaxClusterError):
+            JaxCluster.stop_kept(name)

@@ -26,6 +26,7 @@ class KeptClusters:
     _running: RunningCluster | None
     _hold: kept.Hold | None
     _loop: LoopThread
+    last_cell: str = ""  # after an attach: how the latest cell sent to the processes went
 
     def stop(self) -> None:
         raise NotImplementedError
@@ -40,6 +41,7 @@ class KeptClusters:
         cluster.options, cluster.cluster_id = taken.options, taken.cluster_id
         cluster._running, cluster._hold = taken.running, taken.hold
         cluster.setup_cells, cluster.startup_seconds = taken.setup_cells, taken.seconds
+        cluster.last_cell = reattach.last_cell(taken.running)
         return cluster
 
     def detach(self) -> None:

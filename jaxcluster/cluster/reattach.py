@@ -15,6 +15,8 @@ from .kept import Hold, Kept, decode, encode
 from .options import ClusterOptions
 from .running import RunningCluster
 
+LAST_CELL_WAIT = 2.0  # seconds an attach waits for the processes to say how their last cell went
+
 
 def publish(kept: Kept, running: RunningCluster, options: ClusterOptions,
             cluster_id: str | None, setup_cells: list[Any]) -> None:
@@ -65,3 +67,33 @@ def attach(name: str, force: bool) -> Attached:
         raise
     return Attached(hold, running, options, info["cluster_id"], decode(info["setup_cells"]),
                     time.perf_counter() - began)
+
+
+def last_cell(running: RunningCluster, timeout: float = LAST_CELL_WAIT) -> str:
+    """One line on the latest cell the processes were sent (the kernel that sent it may have
+    died while it ran): where it still runs, where it ended, what it raised; "" before any."""
+    from ..engine import cells
+    from ..render.labels import process_label
+
+    answers, errors = running.calls.call([p.process_index for p in running.processes],
+                                         cells.last_cell, timeout=timeout)
+    seen = {i: a for i, a in answers.items() if a}
+    if not seen:
+        return ""
+    numbers = {a["cell"] for a in seen.values() if a["cell"]}
+    which = f"cell {numbers.pop()}" if len(numbers) == 1 else "cell"
+    now = time.time()
+    running_on = sorted(i for i, a in seen.items() if a["ended"] is None)
+    parts = []
+    if running_on:
+        began = min(seen[i]["began"] for i in running_on)
+        parts.append(f"still runs on {process_label(running_on)} (for {now - began:.0f} s)")
+    ended = sorted(i for i, a in seen.items() if a["ended"] is not None)
+    raised = {i: seen[i]["error"] for i in ended if seen[i]["error"]}
+    clean = [i for i in ended if i not in raised]
+    if clean:
+        ago = now - max(seen[i]["ended"] for i in clean)
+        parts.append(f"ended without error on {process_label(clean)} {ago:.0f} s ago")
+    parts.extend(f"{process_label([i])} raised {error}" for i, error in sorted(raised.items()))
+    parts.extend(f"{process_label([i])} did not say ({why})" for i, why in sorted(errors.items()))
+    return f"The last cell ({which}): " + "; ".join(parts) + "."

@@ -55,8 +55,8 @@ def memory() -> dict[str, Any]:
 
 
 CONTROL: dict[str, Callable[..., Any]] = {
-    f.__name__: f for f in (where, memory, dispatch.counts, cells.interrupt, stdin.answer,
-                            state.keep, state.discard)}
+    f.__name__: f for f in (where, memory, dispatch.counts, cells.interrupt, cells.last_cell,
+                            stdin.answer, state.keep, state.discard)}
 MAIN: dict[str, Callable[..., Any]] = {
     f.__name__: f for f in (data.assign_file, data.release, cells.run_cell, state.restore)}
 

@@ -18,6 +18,7 @@ import asyncio
 import signal
 import sys
 import threading
+import time
 import warnings
 from typing import Any
 
@@ -28,6 +29,8 @@ _counts: dict[int, int] = {}  # the engine's execution count -> the notebook's
 # the cell (its request's msg_id) the main thread runs, and the last one interrupted
 _cells: dict[str, str | None] = {"running": None, "interrupted": None}
 _cells_lock = threading.Lock()
+# the latest cell the notebook sent: its cell number, when it began and ended, its error
+_last: dict[str, Any] = {}
 
 
 def install(shell: Any) -> bool:
@@ -92,6 +95,10 @@ def run_cell(code: str, parent: dict[str, Any]) -> bool | asyncio.Future[bool]:
         shell.showtraceback((KeyboardInterrupt, KeyboardInterrupt(), None), exception_only=True)
         _publish_idle(kernel, parent)
         return False
+    label = str(parent.get("metadata", {}).get("label") or "")
+    _last.clear()
+    _last.update(cell=label[len(LABEL_PREFIX):] if label.startswith(LABEL_PREFIX) else "",
+                 began=time.time(), ended=None, error="")
     try:
         transformed, failed = shell.transform_cell(code), None
     except Exception:
@@ -102,6 +109,13 @@ def run_cell(code: str, parent: dict[str, Any]) -> bool | asyncio.Future[bool]:
         return _said(shell, shell.run_cell(code, store_history=True, silent=False))
     finally:
         _end(kernel, parent)
+
+
+def last_cell() -> dict[str, Any]:
+    """The latest cell the notebook sent (asked by a kernel that attaches to a kept cluster:
+    the one that sent it may be gone): its cell number, ``began`` and ``ended`` (None while it
+    runs) as ``time.time()``, and its ``error`` (``Type: message``, or ""); {} before any."""
+    return dict(_last)
 
 
 def interrupt(msg_id: str) -> bool:
@@ -159,6 +173,9 @@ def _said(shell: Any, result: Any) -> bool:
 
     if isinstance(result.error_in_exec, bdb.BdbQuit):
         shell.showtraceback((bdb.BdbQuit, result.error_in_exec, None), exception_only=True)
+    error = result.error_in_exec or result.error_before_exec
+    if error is not None:
+        _last["error"] = f"{type(error).__name__}: {error}"
     return bool(result.success)
 
 
@@ -168,6 +185,7 @@ def _end(kernel: Any, parent: dict[str, Any]) -> None:
         sigint.cell_ended()
         ipykernel_internals.give_back_sigint(kernel)
         _cells["running"] = None
+    _last["ended"] = time.time()
     _publish_idle(kernel, parent)
 
 

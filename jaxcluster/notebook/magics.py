@@ -162,6 +162,8 @@ class JaxClusterMagics(ClusterMagicsBase):
         self.cluster = JaxCluster.attach(args.kept, force=bool(args.force))
         print(f"Attached to {args.kept!r} in {self.cluster.startup_seconds:.2f} s: "
               f"{self.cluster.summary().split(',')[0]}.")
+        if self.cluster.last_cell:
+            print(self.cluster.last_cell)
 
     def _detach(self, args: Any) -> None:
         cluster, self.cluster = self.cluster, None
