@@ -193,3 +193,9 @@ def test_a_kernel_killed_while_a_cell_runs_attach_says_what_the_cell_did(name: s
     finally:
         with contextlib.suppress(ConfigError, JaxClusterError):
             JaxCluster.stop_kept(name)
+
+
+def test_keep_with_a_launcher_whose_lines_no_keeper_holds_is_refused() -> None:
+    with pytest.raises(ConfigError, match=r"^--keep works with the local launcher only for now, "
+                       r"not --launcher mpi: drop --keep"):
+        JaxCluster(nodes=2, launcher="mpi", keep=True)

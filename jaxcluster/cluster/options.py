@@ -82,7 +82,7 @@ class ClusterOptions:
         check_hosts_options(values["launcher"], nodes, hosts, engines_per_host)
         if values["coordinator"] is not None and values["coordinator_port"] is not None:
             raise ConfigError("Give --coordinator HOST:PORT or --coordinator-port P, not both.")
-        if values["keep"] and values["launcher"] != "local":
+        if values["keep"] and not launcher_named(values["launcher"]).keepable:
             raise ConfigError(
                 f"--keep works with the local launcher only for now, not --launcher "
                 f"{values['launcher']}: drop --keep, or start the cluster locally."
