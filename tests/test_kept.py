@@ -196,6 +196,53 @@ def test_a_kernel_killed_while_a_cell_runs_attach_says_what_the_cell_did(name: s
 
 
 def test_keep_with_a_launcher_whose_lines_no_keeper_holds_is_refused() -> None:
-    with pytest.raises(ConfigError, match=r"^--keep works with the local launcher only for now, "
-                       r"not --launcher mpi: drop --keep"):
+    with pytest.raises(ConfigError, match=r"^--keep needs a launcher whose hosts' lines a keeper "
+                       r"can hold \(local, ssh\), not --launcher mpi: drop --keep"):
         JaxCluster(nodes=2, launcher="mpi", keep=True)
+
+
+RIG_STARTER = """
+import json, sys, time
+from jaxcluster import JaxCluster
+given = json.loads(sys.argv[1])
+c = JaxCluster(launcher="ssh", hosts=given["hosts"], engines_per_host=2, devices_per_node=2,
+               platform="cpu", launcher_args=given["args"], keep=True, name=given["name"],
+               idle_timeout=120, timeout=120)
+c.start()
+r = c.run("import jax, socket\\nborn = (jax.process_index(), socket.gethostname())")
+assert r.ok, r
+print("READY", flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.mark.cluster
+def test_a_kept_cluster_on_two_hosts_outlives_its_kernel_and_ends_on_stop(name: str) -> None:
+    """2 network-namespace hosts × 2 over ssh: the keeper holds each host's ssh line; the
+    kernel killed, another attaches with the state on every host; stop leaves nothing."""
+    import json
+
+    from tests.conftest import hosts_or_skip
+
+    with hosts_or_skip([2]) as hosts:
+        h1, h2 = hosts.networks[0].namespaces
+        given = {"hosts": [hosts.address(h) for h in (h1, h2)], "args": hosts.ssh_args,
+                 "name": name}
+        kernel = subprocess.Popen([sys.executable, "-c", RIG_STARTER, json.dumps(given)],
+                                  stdout=subprocess.PIPE, text=True)
+        assert kernel.stdout is not None and kernel.stdout.readline() == "READY\n"
+        kill(kernel)
+        began = time.perf_counter()
+        cluster = JaxCluster.attach(name, force=True)  # the killed kernel may not be let go yet
+        assert time.perf_counter() - began <= 0.5
+        result = cluster.run("print(born == (jax.process_index(), socket.gethostname()), "
+                             "socket.gethostname())")
+        assert [p.stdout for p in result.processes] == [
+            f"True {host}\n" for host in (h1, h1, h2, h2)]
+        row = {r.name: r for r in JaxCluster.kept_clusters()}[name]
+        assert row.hosts == tuple(sorted(given["hosts"]))
+        cluster.stop()
+        deadline = time.monotonic() + 15
+        while hosts.left_on_hosts() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert hosts.left_on_hosts() == {}
