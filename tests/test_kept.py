@@ -246,3 +246,24 @@ def test_a_kept_cluster_on_two_hosts_outlives_its_kernel_and_ends_on_stop(name: 
         while hosts.left_on_hosts() and time.monotonic() < deadline:
             time.sleep(0.2)
         assert hosts.left_on_hosts() == {}
+
+
+def test_after_an_attach_pull_push_and_the_hang_evidence_work(name: str) -> None:
+    import numpy as np
+
+    kill(start_kept(name, 120))
+    cluster = JaxCluster.attach(name, force=True)
+    try:
+        assert [d["rank"] for d in cluster.pull("d", process="all")] == [0, 1]
+        np.testing.assert_array_equal(cluster.pull("x"), np.arange(8.0))  # a global array
+        cluster.push("pushed", np.arange(3))
+        assert [p.stdout for p in cluster.run("print(int(pushed.sum()))").processes] == [
+            "3\n", "3\n"]
+        hung = cluster.run("from jax.experimental import multihost_utils\n"
+                           "if jax.process_index() == 1:\n"
+                           "    multihost_utils.process_allgather(jnp.ones(2))", hang_after=2)
+        assert hung.failure == "hang" and "process 1 waits in" in hung.diagnosis, hung.diagnosis
+        # recovery needs a restart, which an attached kernel cannot do yet: said, not raised
+        assert "cannot be restarted from a kernel that attached" in hung.restart_error
+    finally:
+        cluster.stop()
