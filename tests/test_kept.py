@@ -267,3 +267,25 @@ def test_after_an_attach_pull_push_and_the_hang_evidence_work(name: str) -> None
         assert "cannot be restarted from a kernel that attached" in hung.restart_error
     finally:
         cluster.stop()
+
+
+def test_after_an_attach_an_interrupt_keeps_state_and_input_is_answered(name: str) -> None:
+    kill(start_kept(name, 120))
+    cluster = JaxCluster.attach(name, force=True)
+    try:
+        stopped = cluster.run("import time\nkept_here = 1\ntime.sleep(60)", timeout=2)
+        assert stopped.failure == "timeout" and not stopped.restarted, stopped
+        assert [p.stdout for p in cluster.run("print(kept_here)").processes] == ["1\n"] * 2
+        asked: list[str] = []
+
+        def answer(process: int, prompt: str, secret: bool) -> str:
+            asked.append(prompt)
+            return "abc"
+
+        answered = cluster.run("answer = input(f'name {jax.process_index()}? ')\n"
+                               "print(answer)", on_input=answer)
+        assert answered.ok and [p.stdout.splitlines()[-1] for p in answered.processes] == [
+            "abc", "abc"], answered
+        assert sorted(asked) == ["name 0? ", "name 1? "]
+    finally:
+        cluster.stop()
