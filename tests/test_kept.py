@@ -289,3 +289,19 @@ def test_after_an_attach_an_interrupt_keeps_state_and_input_is_answered(name: st
         assert sorted(asked) == ["name 0? ", "name 1? "]
     finally:
         cluster.stop()
+
+
+def test_a_keeper_killed_outright_leaves_no_record_behind(name: str) -> None:
+    from jaxcluster.cluster import kept
+
+    kernel = start_kept(name, 120)
+    try:
+        record = kept.record_path(name)
+        keeper = {r.name: r for r in JaxCluster.kept_clusters()}[name].pid
+        os.kill(keeper, signal.SIGKILL)  # the watchdog ends the rest of the cluster
+        psutil.wait_procs([psutil.Process(keeper)], timeout=10)
+        assert os.path.exists(record)
+        assert name not in {r.name for r in JaxCluster.kept_clusters()}
+        assert not os.path.exists(record)
+    finally:
+        kill(kernel)

@@ -284,7 +284,10 @@ def kept_clusters() -> list[KeptCluster]:
                 kept = Kept(json.load(f))
         except (OSError, ValueError):
             continue
-        if not kept.alive:
+        if not kept.alive:  # killed outright: nothing else removes what it left
+            for left in (path, str(kept.record.get("socket", ""))):
+                with contextlib.suppress(OSError):
+                    os.remove(left)
             continue
         info, holder = kept.info, kept.record.get("holder")
         found.append(KeptCluster(
