@@ -300,7 +300,9 @@ def _sharding_from(state: tuple[Any, ...]) -> Any:
     return jax.sharding.NamedSharding(_mesh_from(mesh), spec, memory_kind=memory_kind)
 
 
+@functools.cache
 def _devices_by_id() -> dict[int, Any]:
+    """Every device by global id: the same for the process's life, so looked up once."""
     import jax
 
     return {d.id: d for d in jax.devices()}
@@ -312,7 +314,7 @@ def _array_from(state: dict[str, Any]) -> Any:
     from . import values
 
     sharding = _sharding_from(state["sharding"])
-    by_id = {d.id: d for d in jax.local_devices()}
+    by_id = _devices_by_id()
     pieces = [jax.device_put(state["shards"][where], by_id[device])
               for device, where in state["devices"].items()]
     # JAX's own, not the one that numbers what it makes: the array takes its old key
