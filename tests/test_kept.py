@@ -297,9 +297,9 @@ def test_a_keeper_killed_outright_leaves_no_record_behind(name: str) -> None:
     kernel = start_kept(name, 120)
     try:
         record = kept.record_path(name)
-        keeper = {r.name: r for r in JaxCluster.kept_clusters()}[name].pid
-        os.kill(keeper, signal.SIGKILL)  # the watchdog ends the rest of the cluster
-        psutil.wait_procs([psutil.Process(keeper)], timeout=10)
+        keeper = psutil.Process({r.name: r for r in JaxCluster.kept_clusters()}[name].pid)
+        keeper.send_signal(signal.SIGKILL)  # the watchdog ends the rest of the cluster
+        psutil.wait_procs([keeper], timeout=10)
         assert os.path.exists(record)
         assert name not in {r.name for r in JaxCluster.kept_clusters()}
         assert not os.path.exists(record)
