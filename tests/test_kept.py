@@ -18,57 +18,7 @@ import pytest
 
 from jaxcluster import JaxCluster
 from jaxcluster.errors import ConfigError, JaxClusterError
-
-STARTER = """
-import sys, time
-from jaxcluster import JaxCluster
-c = JaxCluster(nodes=2, devices_per_node=2, keep=True, name=sys.argv[1],
-               idle_timeout=float(sys.argv[2]), sync=False)
-c.start()
-r = c.run('''
-import jax, jax.numpy as jnp
-from jax.sharding import NamedSharding, PartitionSpec as P
-x = jax.device_put(jnp.arange(8.0), NamedSharding(jax.make_mesh((4,), ("x",)), P("x")))
-d = {"rank": jax.process_index()}
-f = jax.jit(lambda v: v * 2)
-f(x).block_until_ready()
-''')
-assert r.ok, r
-print("READY", flush=True)
-if len(sys.argv) > 3:  # a cell that still runs when this process is killed
-    c.run(sys.argv[3])
-time.sleep(600)
-"""
-
-
-def start_kept(name: str, idle: float, then: str = "") -> subprocess.Popen[str]:
-    """A process that starts a kept cluster, sets its state, then idles (until killed), or
-    runs the cell ``then`` first."""
-    kernel = subprocess.Popen([sys.executable, "-c", STARTER, name, str(idle),
-                               *([then] if then else [])], stdout=subprocess.PIPE, text=True)
-    assert kernel.stdout is not None
-    line = kernel.stdout.readline()
-    assert line == "READY\n", line
-    return kernel
-
-
-def kill(kernel: subprocess.Popen[str]) -> None:
-    kernel.send_signal(signal.SIGKILL)
-    kernel.wait()
-
-
-def cluster_pids(name: str) -> list[int]:
-    """This machine's processes of the kept cluster ``name``: keeper, forking process,
-    engines, controller (by the cluster id in their environment or command line)."""
-    found = []
-    for proc in psutil.process_iter(["cmdline"]):
-        try:
-            cmdline = proc.info["cmdline"] or []
-            if "jaxcluster.cluster.keeper" in " ".join(cmdline) and name in cmdline:
-                found.append(proc.pid)
-        except psutil.Error:
-            continue
-    return found
+from tests.kept_clusters import CHECK, CHECKED, RIG_STARTER, keeper_pids, kill, start_kept
 
 
 @pytest.fixture
@@ -94,16 +44,11 @@ def test_state_survives_a_killed_kernel_and_attach_is_fast(name: str) -> None:
     assert rows[name].memory is not None and rows[name].memory > sum(
         p.memory_info().rss for p in engines) * 0.9
     assert rows[name].holder is None  # the killed kernel let go
-    began = time.perf_counter()
-    cluster = JaxCluster.attach(name)
-    seconds = time.perf_counter() - began
+    cluster = JaxCluster.attach(name)  # how fast: ``python -m benchmarks kept``
     try:
-        result = cluster.run("print(float(f(x).sum()), d['rank'] == jax.process_index(), "
-                             "x.sharding.spec)")
+        result = cluster.run(CHECK)
         assert result.ok, result
-        for process in result.processes:
-            assert process.stdout == "56.0 True P('x',)\n"
-        assert seconds <= 0.5, seconds
+        assert [p.stdout for p in result.processes] == [CHECKED] * 2
     finally:
         cluster.stop()
     assert name not in {row.name for row in JaxCluster.kept_clusters()}
@@ -136,7 +81,7 @@ def test_idle_timeout_ends_everything_but_never_while_attached(name: str) -> Non
     kernel = start_kept(name, 3)
     time.sleep(6)  # held all along by the idle kernel: nothing ends
     assert name in {r.name for r in JaxCluster.kept_clusters()}
-    keeper = cluster_pids(name)
+    keeper = keeper_pids(name)
     assert keeper
     children = [c for pid in keeper for c in psutil.Process(pid).children(recursive=True)]
     kill(kernel)
@@ -195,25 +140,6 @@ def test_a_kernel_killed_while_a_cell_runs_attach_says_what_the_cell_did(name: s
             JaxCluster.stop_kept(name)
 
 
-def test_keep_with_a_launcher_whose_lines_no_keeper_holds_is_refused() -> None:
-    with pytest.raises(ConfigError, match=r"^--keep needs a launcher whose hosts' lines a keeper "
-                       r"can hold \(local, ssh\), not --launcher mpi: drop --keep"):
-        JaxCluster(nodes=2, launcher="mpi", keep=True)
-
-
-RIG_STARTER = """
-import json, sys, time
-from jaxcluster import JaxCluster
-given = json.loads(sys.argv[1])
-c = JaxCluster(launcher="ssh", hosts=given["hosts"], engines_per_host=2, devices_per_node=2,
-               platform="cpu", launcher_args=given["args"], keep=True, name=given["name"],
-               idle_timeout=120, timeout=120)
-c.start()
-r = c.run("import jax, socket\\nborn = (jax.process_index(), socket.gethostname())")
-assert r.ok, r
-print("READY", flush=True)
-time.sleep(600)
-"""
 
 
 @pytest.mark.cluster
@@ -232,13 +158,15 @@ def test_a_kept_cluster_on_two_hosts_outlives_its_kernel_and_ends_on_stop(name: 
                                   stdout=subprocess.PIPE, text=True)
         assert kernel.stdout is not None and kernel.stdout.readline() == "READY\n"
         kill(kernel)
-        began = time.perf_counter()
         cluster = JaxCluster.attach(name, force=True)  # the killed kernel may not be let go yet
-        assert time.perf_counter() - began <= 0.5
         result = cluster.run("print(born == (jax.process_index(), socket.gethostname()), "
-                             "socket.gethostname())")
+                             "socket.gethostname())\n" + CHECK)
         assert [p.stdout for p in result.processes] == [
-            f"True {host}\n" for host in (h1, h1, h2, h2)]
+            f"True {host}\n{CHECKED}" for host in (h1, h1, h2, h2)]
+        cluster.restart(keep_state=True)  # over the hosts' lines, taken over from the keeper
+        result = cluster.run("print(born == (jax.process_index(), socket.gethostname()))\n"
+                             + CHECK)
+        assert [p.stdout for p in result.processes] == [f"True\n{CHECKED}"] * 4, result
         row = {r.name: r for r in JaxCluster.kept_clusters()}[name]
         assert row.hosts == tuple(sorted(given["hosts"]))
         cluster.stop()
@@ -248,7 +176,7 @@ def test_a_kept_cluster_on_two_hosts_outlives_its_kernel_and_ends_on_stop(name: 
         assert hosts.left_on_hosts() == {}
 
 
-def test_after_an_attach_pull_push_and_the_hang_evidence_work(name: str) -> None:
+def test_after_an_attach_pull_push_the_hang_evidence_and_its_restart_work(name: str) -> None:
     import numpy as np
 
     kill(start_kept(name, 120))
@@ -263,8 +191,11 @@ def test_after_an_attach_pull_push_and_the_hang_evidence_work(name: str) -> None
                            "if jax.process_index() == 1:\n"
                            "    multihost_utils.process_allgather(jnp.ones(2))", hang_after=2)
         assert hung.failure == "hang" and "process 1 waits in" in hung.diagnosis, hung.diagnosis
-        # recovery needs a restart, which an attached kernel cannot do yet: said, not raised
-        assert "cannot be restarted from a kernel that attached" in hung.restart_error
+        # the forced restart, from a kernel that attached, carries the state
+        assert hung.restarted and hung.restart_error is None, hung.restart_error
+        assert hung.carried is not None and not hung.carried.lost
+        assert [p.stdout for p in cluster.run(CHECK + "\nprint(int(pushed.sum()))").processes
+                ] == [CHECKED + "3\n"] * 2
     finally:
         cluster.stop()
 
@@ -305,3 +236,57 @@ def test_a_keeper_killed_outright_leaves_no_record_behind(name: str) -> None:
         assert not os.path.exists(record)
     finally:
         kill(kernel)
+
+
+def test_the_keeper_acts_only_on_messages_signed_with_the_kept_clusters_key(name: str) -> None:
+    """Its files are this user's alone, and a request signed with another key (or sending
+    the key itself, unsigned) is ignored; the key never travels."""
+    import json
+    import stat
+
+    from jaxcluster.cluster import kept
+    from jaxcluster.cluster.keeper import signed
+
+    keeper = kept.start_keeper(name, 60)
+    record = keeper.record
+    for path in (kept.record_path(name), record["socket"]):
+        assert stat.S_IMODE(os.stat(path).st_mode) == 0o600, path
+    for forged in (lambda nonce: signed("0" * 64, nonce, {"op": "stop"}),
+                   lambda nonce: json.dumps({"key": record["key"], "op": "stop"}).encode()
+                   + b"\n"):
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as connection:
+            connection.connect(record["socket"])
+            reader = connection.makefile("rb")
+            nonce = json.loads(reader.readline())["nonce"]
+            assert record["key"] not in nonce
+            connection.sendall(forged(nonce))
+            assert reader.readline() == b""  # closed without an answer
+        assert kept.Kept.named(name).alive
+    process = psutil.Process(int(record["pid"]))
+    keeper.stop()
+    process.wait(10)
+    assert name not in {r.name for r in JaxCluster.kept_clusters()}
+
+
+def test_a_kernel_that_attached_restarts_the_cluster_keeping_its_state(name: str) -> None:
+    """The lines are taken over from the keeper: fresh engines on them, the state carried,
+    and the next kernel to attach finds the new engines."""
+    kill(start_kept(name, 120))
+    cluster = JaxCluster.attach(name, force=True)  # the killed kernel may not be let go yet
+    try:
+        before = {p.process_index: p.pid for p in cluster.processes}
+        cluster.restart(keep_state=True)
+        assert cluster.last_carried is not None and not cluster.last_carried.lost
+        assert {p.process_index: p.pid for p in cluster.processes}.keys() == before.keys()
+        assert not set(before.values()) & {p.pid for p in cluster.processes}
+        result = cluster.run(CHECK)
+        assert [p.stdout for p in result.processes] == [CHECKED] * 2, result
+        engines = psutil.Process(keeper_pids(name)[0]).children(recursive=True)
+        assert not {p.pid for p in engines} & set(before.values())  # the old ones ended
+        cluster.detach()
+        again = JaxCluster.attach(name)
+        assert [p.stdout for p in again.run(CHECK).processes] == [CHECKED] * 2
+        again.stop()
+    finally:
+        with contextlib.suppress(ConfigError, JaxClusterError):
+            cluster.stop()

@@ -6,6 +6,7 @@ import os
 import shutil
 import textwrap
 import time
+import uuid
 
 import pytest
 
@@ -13,6 +14,7 @@ from jaxcluster import ConfigError, JaxCluster, JaxClusterError
 from jaxcluster.cluster.distributed import launch_order
 from jaxcluster.cluster.launchers import LaunchRequest, plan_launch
 from tests.conftest import cluster_processes, wait_until_gone
+from tests.kept_clusters import outlives_its_kernel_and_restarts
 from tests.multihost import expected_psum, index_rank_psum
 
 needs_mpiexec = pytest.mark.skipif(
@@ -197,3 +199,11 @@ def test_an_engine_that_never_registers_ends_start_in_time_and_nothing_is_left(t
         cluster.start()
     assert time.monotonic() - began < 20 + 15
     assert wait_until_gone([p.pid for p in cluster_processes(cluster.cluster_id)], 15) == []
+
+
+@needs_mpiexec
+@pytest.mark.cluster
+def test_a_kept_mpi_job_outlives_its_kernel_restarts_from_another_and_stops_whole():
+    cluster_id = outlives_its_kernel_and_restarts(
+        f"mpi-{uuid.uuid4().hex[:6]}", launcher="mpi", platform="cpu", timeout=120)
+    assert wait_until_gone([p.pid for p in cluster_processes(cluster_id)], 15) == []

@@ -16,6 +16,7 @@ import subprocess
 import sys
 import textwrap
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -24,6 +25,7 @@ from ipyparallel.cluster.launcher import SlurmEngineSetLauncher
 from jaxcluster import ConfigError, JaxCluster, JaxClusterError
 from jaxcluster.cluster.launchers import LaunchRequest, plan_launch
 from tests.conftest import cluster_processes, wait_until_gone
+from tests.kept_clusters import outlives_its_kernel_and_restarts
 from tests.multihost import expected_psum, index_rank_psum
 from tests.ports import free_port
 
@@ -288,3 +290,12 @@ def test_the_job_is_cancelled_when_the_notebook_is_killed(slurm, tmp_path):
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+@pytest.mark.cluster
+def test_a_kept_slurm_job_outlives_its_kernel_restarts_from_another_and_is_cancelled(slurm):
+    cluster_id = outlives_its_kernel_and_restarts(
+        f"slurm-{uuid.uuid4().hex[:6]}", launcher="slurm", launcher_args="--overcommit",
+        platform="cpu", timeout=120)
+    assert _queue_empties(), _squeue()
+    assert wait_until_gone([p.pid for p in cluster_processes(cluster_id)], 15) == []

@@ -81,11 +81,17 @@ class Launched:
     watchdog: subprocess.Popen | None = None
     # a kept cluster's keeper (``kept.Kept``), which holds the lines and outlives this kernel
     kept: Any = None
+    # engines another kernel started (this one attached to a kept cluster): their pids, as
+    # their hosts number them, for the restart that replaces them
+    inherited: list[int] | None = None
 
 
-def plan(options: ClusterOptions, work_dir: str, kept: Any = None) -> Launched:
+def plan(options: ClusterOptions, work_dir: str, kept: Any = None,
+         taken_over: str | None = None) -> Launched:
     """The cluster as planned (nothing runs yet); raises what cannot work. With ``kept`` (a
-    keeper), the lines are the keeper's, and nothing stops the cluster as this process exits."""
+    keeper), the lines are the keeper's, and nothing stops the cluster as this process exits;
+    ``taken_over``: the id of the kept cluster that this kernel attached to, whose lines it
+    takes over from the keeper."""
     launcher = launcher_named(options.launcher)
     launch = launcher.plan(options.launch_request(work_dir))
     cluster = ipp.Cluster(
@@ -99,12 +105,14 @@ def plan(options: ClusterOptions, work_dir: str, kept: Any = None) -> Launched:
         config=launch.config,
         shutdown_atexit=kept is None,
         **({"profile_dir": options.profile_dir} if options.profile_dir else {}),
+        **({"cluster_id": taken_over} if taken_over else {}),
     )
     sessions = None
     if launch.fork is not None:
+        spawn = None if kept is None else kept.relay if taken_over else kept.line
         sessions = HostSessions(launch.fork, {"IPP_CLUSTER_ID": cluster.cluster_id,
                                               "IPP_PROFILE_DIR": cluster.profile_dir},
-                                spawn=kept.line if kept else None, errors_dir=work_dir)
+                                spawn=spawn, errors_dir=work_dir)
     return Launched(cluster, launcher, launch.controller_ip, sessions, kept=kept)
 
 
@@ -198,6 +206,9 @@ def stop_engines(launched: Launched, options: ClusterOptions, loop: LoopThread) 
     cluster = launched.ipp_cluster
     launched.launcher.kill_engines(
         cluster, lambda c: loop.run(c, options.timeout, "signal the engines"))
+    if launched.inherited and launched.sessions is not None:
+        launched.sessions.kill_engines(launched.inherited)
+        launched.inherited = None
     loop.run(cluster.stop_engines(), options.timeout + MARGIN_SECONDS, "stop the engines")
 
 

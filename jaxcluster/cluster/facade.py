@@ -272,8 +272,7 @@ class JaxCluster(KeptClusters):
                 "cannot be restarted from here. Restart them where they were started (e.g. "
                 "ipcluster stop, then ipcluster start), then connect again."
             )
-        launched = self._running.launched if self._running else None
-        self._check_restartable(launched)
+        launched = self._launched_here()
         if self._running is None or launched is None:
             raise NoClusterError(
                 "No cluster to restart. Start one with %jax_cluster start --nodes N."

@@ -15,9 +15,11 @@ import concurrent.futures
 import contextlib
 import json
 import os
+import signal
 import subprocess
 import tempfile
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import IO, Any, Protocol
@@ -31,9 +33,10 @@ CLOSE_SECONDS = 10  # for a forking process to end once its line is closed
 
 # (exit code or None, its output): how an engine ended
 Ended = tuple[int | None, str]
-# starts a line elsewhere than as a child of this process (a kept cluster's keeper): the
-# command, its environment, the file its stderr goes to; returns what stands for the process
-Spawn = Callable[[list[str], dict[str, str], str], Any]
+# starts a line elsewhere than as a child of this process (a kept cluster's keeper): the host,
+# the command, its environment, the file its stderr goes to; returns what stands for the
+# process (``held_before``: a line opened before, which this process takes over)
+Spawn = Callable[[str, list[str], dict[str, str], str], Any]
 
 
 class HostReach(Protocol):
@@ -109,8 +112,9 @@ class HostSession:
 
     def start(self, local_environment: dict[str, str], environment: dict[str, str]) -> None:
         if self._spawn is not None:
-            self._process = self._spawn(self.command, {**os.environ, **local_environment},
-                                        self._errors_path)
+            self._process = self._spawn(self.host, self.command,
+                                        {**os.environ, **local_environment}, self._errors_path)
+            self.reached = self._served = getattr(self._process, "held_before", False)
         else:
             self._process = subprocess.Popen(
                 self.command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -244,6 +248,18 @@ class HostSessions:
         concurrent.futures.wait([s.ended for s in self.sessions.values()], CLOSE_SECONDS)
         for session in self.sessions.values():
             session.kill()
+
+    def kill_engines(self, pids: list[int]) -> None:
+        """SIGKILL the engines ``pids`` that another kernel had forked, and wait (at most
+        ``CLOSE_SECONDS``) until their hosts said they ended. Each host's forking process
+        signals only engines it forked itself, so each line is sent them all."""
+        ends = [session.exit_of(pid) for session in self.sessions.values() for pid in pids]
+        for session in self.sessions.values():
+            for pid in pids:
+                session.send({"signal": int(signal.SIGKILL), "pid": pid})
+        deadline = time.monotonic() + CLOSE_SECONDS
+        while sum(end.done() for end in ends) < len(pids) and time.monotonic() < deadline:
+            time.sleep(0.05)
 
     def report(self, started: int, total: int) -> None:
         """Progress by host: reached, then engines started (forked)."""

@@ -8,10 +8,12 @@ killed kernel lets go when its socket closes) and ends the cluster when no kerne
 for the idle timeout, or when told to stop. The watchdog watches this process, not a kernel:
 when it ends, for any reason, the controller and the engines go with it.
 
-Its record (``jaxcluster-kept-NAME.json``: pid, socket, the secret every request carries) and its
-Unix socket are 0600 in the user's Jupyter runtime folder. Messages are JSON, one a line; a
-connection's first names the secret and the operation. Only the standard library before the
-end: it stays small.
+Its record (``jaxcluster-kept-NAME.json``: pid, socket, the kept cluster's key) and its Unix
+socket are 0600 in the user's Jupyter runtime folder. Messages are JSON, one a line, signed
+with the key as Jupyter signs its messages (HMAC-SHA256), over a number the keeper drew for
+the connection (``signed``): the key never travels, and a message is good on its connection
+only. A connection's first names the operation; a host's line, once opened, relays the
+forking process's own lines. Only the standard library before the end: it stays small.
 
 Run as ``python -m jaxcluster.cluster.keeper NAME IDLE_SECONDS``; it prints ``ready`` once its
 record is written.
@@ -50,6 +52,27 @@ def record_path(name: str, folder: str | None = None) -> str:
     return os.path.join(folder or runtime_dir(), f"{PREFIX}{name}.json")
 
 
+def signed(key: str, nonce: str, message: dict[str, Any]) -> bytes:
+    """``message`` as a line, signed with ``key`` for the connection of ``nonce``."""
+    body = json.dumps(message)
+    signature = hmac.new(key.encode(), (nonce + body).encode(), "sha256").hexdigest()
+    return json.dumps({"body": body, "signature": signature}).encode() + b"\n"
+
+
+def verified(key: str, nonce: str, line: bytes) -> dict[str, Any] | None:
+    """The message of a line ``signed`` with ``key`` for this connection; None otherwise."""
+    try:
+        envelope = json.loads(line)
+        body, signature = str(envelope["body"]), str(envelope["signature"])
+        message = json.loads(body)
+    except (ValueError, TypeError, KeyError):
+        return None
+    expected = hmac.new(key.encode(), (nonce + body).encode(), "sha256").hexdigest()
+    if not hmac.compare_digest(expected, signature) or not isinstance(message, dict):
+        return None
+    return message
+
+
 def write_private(path: str, data: dict[str, Any]) -> None:
     """``data`` as JSON in a file only this user reads, replaced whole."""
     temporary = f"{path}.{os.getpid()}.tmp"
@@ -60,10 +83,11 @@ def write_private(path: str, data: dict[str, Any]) -> None:
 
 
 class Line:
-    """One host's forking process, its stdin and stdout held here; relayed to a kernel's
-    connection while one is attached."""
+    """One host's forking process, its stdin and stdout held here; relayed to the connection
+    of the kernel that opened it, or of the last one that took it over (``relay``)."""
 
     def __init__(self, message: dict[str, Any]) -> None:
+        self.host = str(message["host"])  # as the kernel's ``--hosts`` names it
         errors = open(message["errors"], "ab")  # noqa: SIM115 - the child's stderr
         self.process = subprocess.Popen(
             message["command"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=errors,
@@ -127,11 +151,11 @@ class Keeper:
         self.folder = runtime_dir()
         self.record = record_path(name, self.folder)
         self.socket_path = os.path.join(self.folder, f"{PREFIX}{name}.sock")
-        self.secret = secrets.token_hex(32)
+        self.key = secrets.token_hex(32)
         self.info: dict[str, Any] = {}  # what the kernels tell of the cluster
         self.lines: list[Line] = []
         self.holder: dict[str, Any] | None = None  # token, who, since
-        self._hold: socket.socket | None = None
+        self._hold: Replies | None = None
         self.idle_since = time.time()
         self.started = time.time()
         self.ending = threading.Event()
@@ -163,7 +187,7 @@ class Keeper:
                 k: self.holder[k] for k in ("who", "since")}
             write_private(self.record, {
                 "name": self.name, "pid": os.getpid(), "socket": self.socket_path,
-                "secret": self.secret, "started": self.started, "idle_seconds": self.idle_seconds,
+                "key": self.key, "started": self.started, "idle_seconds": self.idle_seconds,
                 "holder": holder, "idle_since": None if holder else self.idle_since,
                 "info": self.info,
             })
@@ -176,30 +200,33 @@ class Keeper:
     def _serve(self, connection: socket.socket) -> None:
         with connection:
             reader = connection.makefile("rb")
-            try:
-                message = json.loads(reader.readline())
-            except ValueError:
-                return
-            if not hmac.compare_digest(str(message.get("secret", "")), self.secret):
-                _reply(connection, {"error": "wrong secret"})
-                return
+            nonce = secrets.token_hex(16)
+            with contextlib.suppress(OSError):
+                connection.sendall(json.dumps({"nonce": nonce}).encode() + b"\n")
+            message = verified(self.key, nonce, reader.readline())
+            if message is None:
+                return  # not signed with the key: not this user's kernel
+            reply = Replies(connection, self.key, nonce)
             op = message.get("op")
             if op == "line":
                 line = Line(message)
                 self.lines.append(line)
                 line.serve(connection)
+            elif op == "relay":  # a kernel that attached takes the host's line over
+                held = [line for line in self.lines if line.host == message["host"]]
+                if held:
+                    held[-1].serve(connection)
             elif op == "hold":
-                self._serve_hold(connection, reader, message)
+                self._serve_hold(reply, reader, message)
             elif op == "update":
                 with self._lock:
                     self.info.update(message["info"])
                 self._write_record()
-                _reply(connection, {"ok": True})
+                reply({"ok": True})
             elif op == "stop":
-                self._end(connection)
+                self._end(reply)
 
-    def _serve_hold(self, connection: socket.socket, reader: IO[bytes],
-                    message: dict[str, Any]) -> None:
+    def _serve_hold(self, reply: Replies, reader: IO[bytes], message: dict[str, Any]) -> None:
         """The kernel that drives the cluster: held while this connection is open."""
         with self._lock:
             holder, hold = self.holder, self._hold
@@ -209,25 +236,25 @@ class Keeper:
                 refused = None
                 self.holder = {"token": message["token"], "who": message["who"],
                                "since": time.time()}
-                self._hold = connection
+                self._hold = reply
         if refused is not None:
-            _reply(connection, {"held_by": refused})
+            reply({"held_by": refused})
             return
         if hold is not None and holder is not None:  # taken over: the first kernel is told
-            _reply(hold, {"taken_by": message["who"]})
+            hold({"taken_by": message["who"]})
             with contextlib.suppress(OSError):
-                hold.shutdown(socket.SHUT_RDWR)
+                hold.connection.shutdown(socket.SHUT_RDWR)
         self._write_record()
-        _reply(connection, {"ok": True, "info": self.info})
+        reply({"ok": True, "info": self.info})
         for _ in reader:  # until the kernel detaches or dies
             pass
         with self._lock:
-            if self._hold is connection:
+            if self._hold is reply:
                 self.holder, self._hold = None, None
                 self.idle_since = time.time()
         self._write_record()
 
-    def _end(self, connection: socket.socket | None = None) -> None:
+    def _end(self, reply: Replies | None = None) -> None:
         """End the cluster: each line closed (its engines end), then the controller and
         anything left of the cluster killed, the files removed, and this process exits."""
         self.ending.set()
@@ -239,28 +266,31 @@ class Keeper:
                 line.process.wait(max(deadline - time.monotonic(), 0.01))
             if line.process.poll() is None:
                 line.process.kill()
-        from . import watchdog  # psutil, only now
+        from . import watchdog  # psutil and the launchers, only now
 
         cluster_file, cluster_id = self.info.get("cluster_file"), self.info.get("cluster_id")
-        if cluster_file:
-            watchdog.kill_cluster(cluster_file, _nothing, cluster_id)
+        if cluster_file:  # what the launcher started beyond this machine too (a Slurm job)
+            watchdog.kill_cluster(cluster_file, watchdog.leftovers_of(self.info.get("launcher")),
+                                  cluster_id)
         if self.info.get("work_dir"):
             shutil.rmtree(self.info["work_dir"], ignore_errors=True)
         for path in (self.record, self.socket_path):
             with contextlib.suppress(OSError):
                 os.unlink(path)
-        if connection is not None:
-            _reply(connection, {"ok": True})
+        if reply is not None:
+            reply({"ok": True})
         os._exit(0)
 
 
-def _nothing(cluster_info: dict[str, Any]) -> None:
-    """The local launcher leaves nothing beyond this machine's processes."""
+class Replies:
+    """The keeper's side of one connection: what it says there, signed for it."""
 
+    def __init__(self, connection: socket.socket, key: str, nonce: str) -> None:
+        self.connection, self._key, self._nonce = connection, key, nonce
 
-def _reply(connection: socket.socket, message: dict[str, Any]) -> None:
-    with contextlib.suppress(OSError):
-        connection.sendall(json.dumps(message).encode() + b"\n")
+    def __call__(self, message: dict[str, Any]) -> None:
+        with contextlib.suppress(OSError):
+            self.connection.sendall(signed(self._key, self._nonce, message))
 
 
 def main(argv: list[str]) -> int:

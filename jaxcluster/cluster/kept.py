@@ -26,7 +26,7 @@ from typing import IO, Any
 import psutil
 
 from ..errors import ConfigError, JaxClusterError
-from .keeper import PREFIX, record_path, runtime_dir
+from .keeper import PREFIX, record_path, runtime_dir, signed, verified
 
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z")
 START_SECONDS = 30  # for a keeper to write its record
@@ -105,7 +105,7 @@ class Kept:
     def info(self) -> dict[str, Any]:
         return dict(self.record.get("info") or {})
 
-    def connect(self, op: str, **message: Any) -> socket.socket:
+    def connect(self, op: str, **message: Any) -> KeeperConnection:
         connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             connection.connect(self.record["socket"])
@@ -115,14 +115,22 @@ class Kept:
                 f"The keeper of the kept cluster {self.name!r} does not answer ({e}): it has "
                 "ended. List the kept clusters with %jax_cluster list."
             ) from None
-        connection.sendall(json.dumps(
-            {"secret": self.record["secret"], "op": op, **message}).encode() + b"\n")
-        return connection
+        reader = connection.makefile("rb")
+        try:
+            nonce = str(json.loads(reader.readline())["nonce"])
+            connection.sendall(signed(self.record["key"], nonce, {"op": op, **message}))
+        except (OSError, ValueError, KeyError):
+            connection.close()
+            raise JaxClusterError(
+                f"The keeper of the kept cluster {self.name!r} did not answer as a keeper "
+                "does: it is ending, or its record was written by another version. List the "
+                "kept clusters with %jax_cluster list."
+            ) from None
+        return KeeperConnection(connection, reader, self.record["key"], nonce)
 
     def ask(self, op: str, **message: Any) -> dict[str, Any]:
         with self.connect(op, **message) as connection:
-            answer = connection.makefile("rb").readline()
-        return json.loads(answer) if answer else {}
+            return connection.read() or {}
 
     def update(self, **info: Any) -> None:
         self.ask("update", info=info)
@@ -130,8 +138,45 @@ class Kept:
     def stop(self) -> None:
         self.ask("stop")
 
-    def line(self, command: list[str], env: dict[str, str], errors: str) -> KeptLine:
-        return KeptLine(self.connect("line", command=command, env=env, errors=errors))
+    def line(self, host: str, command: list[str], env: dict[str, str], errors: str) -> KeptLine:
+        """A new line to ``host``'s forking process, which the keeper holds."""
+        return KeptLine(self.connect("line", host=host, command=command, env=env,
+                                     errors=errors))
+
+    def relay(self, host: str, command: list[str], env: dict[str, str], errors: str
+              ) -> KeptLine:
+        """The line to ``host`` that the keeper holds already, taken over by this kernel."""
+        return KeptLine(self.connect("relay", host=host), held_before=True)
+
+
+class KeeperConnection:
+    """One connection to a keeper: what it says there is signed for this connection."""
+
+    def __init__(self, connection: socket.socket, reader: IO[bytes], key: str, nonce: str) -> None:
+        self.socket, self.reader = connection, reader
+        self._key, self._nonce = key, nonce
+
+    def read(self) -> dict[str, Any] | None:
+        """The keeper's next message; None at the connection's end (or one not signed)."""
+        line = self.reader.readline()
+        return verified(self._key, self._nonce, line) if line else None
+
+    def messages(self) -> Iterator[dict[str, Any]]:
+        while (message := self.read()) is not None:
+            yield message
+
+    def shutdown(self) -> None:
+        with contextlib.suppress(OSError):
+            self.socket.shutdown(socket.SHUT_RDWR)
+
+    def close(self) -> None:
+        self.socket.close()
+
+    def __enter__(self) -> KeeperConnection:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def start_keeper(name: str, idle_seconds: float) -> Kept:
@@ -180,8 +225,7 @@ class Hold:
         self.token = uuid.uuid4().hex
         self.taken_by: str | None = None
         self._connection = kept.connect("hold", token=self.token, who=who_am_i(), force=force)
-        self._reader = self._connection.makefile("rb")
-        answer = json.loads(self._reader.readline() or b"{}")
+        answer = self._connection.read() or {}
         if "held_by" in answer:
             self._connection.close()
             raise ConfigError(
@@ -196,13 +240,11 @@ class Hold:
         threading.Thread(target=self._listen, daemon=True).start()
 
     def _listen(self) -> None:
-        for line in self._reader:
-            with contextlib.suppress(ValueError):
-                self.taken_by = json.loads(line).get("taken_by", self.taken_by)
+        for message in self._connection.messages():
+            self.taken_by = message.get("taken_by", self.taken_by)
 
     def release(self) -> None:
-        with contextlib.suppress(OSError):
-            self._connection.shutdown(socket.SHUT_RDWR)
+        self._connection.shutdown()
         self._connection.close()
 
 
@@ -214,10 +256,12 @@ def who_am_i() -> str:
 class KeptLine:
     """A host's line through the keeper, as ``host_sessions.HostSession`` uses a ``Popen``."""
 
-    def __init__(self, connection: socket.socket) -> None:
+    def __init__(self, connection: KeeperConnection, held_before: bool = False) -> None:
         self._connection = connection
-        self._reader = connection.makefile("rb")
-        self.stdin: IO[bytes] | None = connection.makefile("wb")
+        # a line the keeper held before: its host was reached, and its engines forked
+        self.held_before = held_before
+        self._reader = connection.reader  # the forking process's own lines from here on
+        self.stdin: IO[bytes] | None = connection.socket.makefile("wb")
         self.code: int | None = None
         first = json.loads(self._reader.readline() or b"{}")
         if "pid" not in first:
@@ -240,8 +284,7 @@ class KeptLine:
 
     def kill(self) -> None:
         """Let go of the line here (the keeper keeps the forking process)."""
-        with contextlib.suppress(OSError):
-            self._connection.shutdown(socket.SHUT_RDWR)
+        self._connection.shutdown()
 
 
 @dataclass

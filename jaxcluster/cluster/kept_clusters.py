@@ -104,9 +104,12 @@ class KeptClusters:
             f"attach {hold.kept.name} --force, or start another cluster."
         )
 
-    def _check_restartable(self, launched: Any) -> None:
-        if self._hold is not None and launched is None:
-            raise ConfigError(
-                "A kept cluster cannot be restarted from a kernel that attached to it yet: "
-                "restart it from the kernel that started it, or stop it and start it again."
-            )
+    def _launched_here(self) -> Any:
+        """What this kernel launched (``bringup.Launched``), or None; for a kept cluster this
+        kernel attached to, the lines taken over from its keeper, so that it can restart."""
+        running = self._running
+        if running is None:
+            return None
+        if running.launched is None and self._hold is not None:
+            running.launched = reattach.relaunched(self._hold, running, self.options)
+        return running.launched

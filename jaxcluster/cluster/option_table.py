@@ -311,7 +311,7 @@ OPTIONS: tuple[Option, ...] = (
         "keep", ("--keep",), START, Switch(), default=False, annotation="bool", check=bool,
         help="keep the cluster when this kernel ends: a keeper process holds it, and any "
         "kernel of yours on this machine attaches to it (%jax_cluster attach NAME) with every "
-        "process's state. The local and ssh launchers.",
+        "process's state. Every launcher.",
     ),
     Option(
         "name", ("--name",), START, Text(), "NAME", annotation="str | None", check=check_name,

@@ -15,7 +15,6 @@ import psutil
 from ..errors import ConfigError
 from .launchers import (
     ATTACHED,
-    LAUNCHERS,
     LaunchRequest,
     check_hosts_options,
     engine_environment,
@@ -83,13 +82,6 @@ class ClusterOptions:
         check_hosts_options(values["launcher"], nodes, hosts, engines_per_host)
         if values["coordinator"] is not None and values["coordinator_port"] is not None:
             raise ConfigError("Give --coordinator HOST:PORT or --coordinator-port P, not both.")
-        if values["keep"] and not launcher_named(values["launcher"]).keepable:
-            keepable = ", ".join(n for n in LAUNCHERS if launcher_named(n).keepable)
-            raise ConfigError(
-                f"--keep needs a launcher whose hosts' lines a keeper can hold ({keepable}), "
-                f"not --launcher {values['launcher']}: drop --keep, or start the cluster with "
-                "one of those."
-            )
         if not values["keep"] and values["name"] is not None:
             raise ConfigError("--name names a kept cluster: add --keep, or drop --name.")
         return cls(**{

@@ -5,12 +5,15 @@ costs a connection to the controller and no round trip to every engine."""
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 from typing import Any
 
 import ipyparallel as ipp
 
 from ..errors import JaxClusterError
+from . import bringup
+from .bringup import Launched
 from .kept import Hold, Kept, decode, encode
 from .options import ClusterOptions
 from .running import RunningCluster
@@ -29,7 +32,8 @@ def publish(kept: Kept, running: RunningCluster, options: ClusterOptions,
         nodes=len(running.processes),
         devices=sum(len(p.local_device_ids) for p in running.processes),
         hosts=sorted({p.host for p in running.processes}),
-        options=encode(dataclasses.replace(options)), job=encode(running.job),
+        launcher=options.launcher, options=encode(dataclasses.replace(options)),
+        job=encode(running.job),
         setup_cells=encode(setup_cells))
 
 
@@ -67,6 +71,31 @@ def attach(name: str, force: bool) -> Attached:
         raise
     return Attached(hold, running, options, info["cluster_id"], decode(info["setup_cells"]),
                     time.perf_counter() - began)
+
+
+def relaunched(hold: Hold, running: RunningCluster, options: ClusterOptions) -> Launched:
+    """The kept cluster as the kernel that started it holds it, for a restart from a kernel
+    that attached: the controller and engine sets as ipyparallel's cluster file describes
+    them, each host's line taken over from the keeper, and the engines forked there named as
+    this kernel's to replace."""
+    info = hold.info
+    launched = bringup.plan(options, info["work_dir"], hold.kept, taken_over=info["cluster_id"])
+    # its forked engine sets are the lines': ipyparallel's complaint that they are not running
+    # says nothing to the user
+    on_file = ipp.Cluster.from_file(info["cluster_file"], log_level=logging.CRITICAL)
+    if on_file.controller is None:
+        raise JaxClusterError(
+            f"The controller of the kept cluster {hold.kept.name!r} has ended, so it cannot be "
+            f"restarted: stop it (%jax_cluster stop) and start it again.")
+    # the engine sets that ipyparallel can describe (an MPI or Slurm job); forked ones are the
+    # lines', not the file's
+    launched.ipp_cluster.controller, launched.ipp_cluster.engines = (
+        on_file.controller, on_file.engines)
+    launched.client = running.client
+    launched.inherited = [p.pid for p in running.processes]
+    if launched.sessions is not None:
+        launched.sessions.open()
+    return launched
 
 
 def last_cell(running: RunningCluster, timeout: float = LAST_CELL_WAIT) -> str:

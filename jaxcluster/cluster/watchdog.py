@@ -175,11 +175,11 @@ def main(argv: list[str]) -> int:
     launcher = argv[4] if len(argv) > 4 else None
     while parent_alive(parent_pid, create_time):
         time.sleep(POLL_SECONDS)
-    kill_cluster(cluster_file, _leftovers_of(launcher), cluster_id)
+    kill_cluster(cluster_file, leftovers_of(launcher), cluster_id)
     return 0
 
 
-def _leftovers_of(launcher: str | None) -> Callable[[dict[str, Any]], None]:
+def leftovers_of(launcher: str | None) -> Callable[[dict[str, Any]], None]:
     """What the launcher named ``launcher`` ends beyond this machine's processes. Imported only
     once the parent is gone: until then the watchdog stays small."""
     from .launchers import launcher_named

@@ -82,9 +82,6 @@ class Launcher:
     # pid may be looked at here, the processes meet on loopback, this machine's memory and
     # process limits must hold them, and what runs here under the cluster's id is the cluster's.
     engines_share_host = False
-    # Its lines can be held by a kept cluster's keeper (``--keep``) instead of the kernel: each
-    # host's forking process, started by a command that the keeper runs in the kernel's place.
-    keepable = False
 
     def __init__(self, name: str) -> None:
         self.name = name  # as --launcher names it

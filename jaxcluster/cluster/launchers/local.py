@@ -32,8 +32,6 @@ class LocalLauncher(ForkingLauncher):
     """Engines on this machine only, where everything meets on loopback."""
 
     engines_share_host = True
-    keepable = True
-
     def check(self, nodes: int, hosts: list[str], engines_per_host: int | None) -> None:
         if hosts or engines_per_host is not None:
             raise ConfigError(

@@ -45,8 +45,6 @@ class SshReach:
 class SshLauncher(ForkingLauncher):
     """Engines on the --hosts, whose --hosts entry names them in its engine set's records."""
 
-    keepable = True  # a keeper runs each host's ssh command as the kernel would
-
     def check(self, nodes: int, hosts: list[str], engines_per_host: int | None) -> None:
         if not hosts:
             raise ConfigError(
