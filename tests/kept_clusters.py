@@ -100,7 +100,7 @@ from jaxcluster import JaxCluster
 given = json.loads(sys.argv[1])
 c = JaxCluster(launcher="ssh", hosts=given["hosts"], engines_per_host=2, devices_per_node=2,
                platform="cpu", launcher_args=given["args"], keep=True, name=given["name"],
-               idle_timeout=given.get("idle", 120), timeout=120)
+               idle_timeout=given.get("idle", 120), timeout=120, sync=given.get("sync", True))
 c.start()
 r = c.run({STATE!r} + "import socket\\nborn = (jax.process_index(), socket.gethostname())")
 assert r.ok, r

@@ -12,6 +12,7 @@ import sys
 import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import psutil
 import pytest
@@ -143,7 +144,8 @@ def test_a_kernel_killed_while_a_cell_runs_attach_says_what_the_cell_did(name: s
 
 
 @pytest.mark.cluster
-def test_a_kept_cluster_on_two_hosts_outlives_its_kernel_and_ends_on_stop(name: str) -> None:
+def test_a_kept_cluster_on_two_hosts_outlives_its_kernel_and_ends_on_stop(name: str,
+                                                                         tmp_path: Path) -> None:
     """2 network-namespace hosts × 2 over ssh: the keeper holds each host's ssh line; the
     kernel killed, another attaches with the state on every host; stop leaves nothing."""
     import json
@@ -152,8 +154,11 @@ def test_a_kept_cluster_on_two_hosts_outlives_its_kernel_and_ends_on_stop(name: 
 
     with hosts_or_skip([2]) as hosts:
         h1, h2 = hosts.networks[0].namespaces
+        synced = tmp_path / "synced"  # a folder of this machine's /tmp: the hosts get a copy
+        synced.mkdir()
+        (synced / "kept_module.py").write_text("VALUE = 1\n")
         given = {"hosts": [hosts.address(h) for h in (h1, h2)], "args": hosts.ssh_args,
-                 "name": name}
+                 "name": name, "sync": str(synced)}
         kernel = subprocess.Popen([sys.executable, "-c", RIG_STARTER, json.dumps(given)],
                                   stdout=subprocess.PIPE, text=True)
         assert kernel.stdout is not None and kernel.stdout.readline() == "READY\n"
@@ -163,6 +168,9 @@ def test_a_kept_cluster_on_two_hosts_outlives_its_kernel_and_ends_on_stop(name: 
                              "socket.gethostname())\n" + CHECK)
         assert [p.stdout for p in result.processes] == [
             f"True {host}\n{CHECKED}" for host in (h1, h1, h2, h2)]
+        (synced / "kept_module.py").write_text("VALUE = 22\n")  # an edit after the attach
+        result = cluster.run("import kept_module\nprint(kept_module.VALUE)")
+        assert [p.stdout for p in result.processes] == ["22\n"] * 4, result
         cluster.restart(keep_state=True)  # over the hosts' lines, taken over from the keeper
         result = cluster.run("print(born == (jax.process_index(), socket.gethostname()))\n"
                              + CHECK)
@@ -200,7 +208,8 @@ def test_after_an_attach_pull_push_the_hang_evidence_and_its_restart_work(name: 
         cluster.stop()
 
 
-def test_after_an_attach_an_interrupt_keeps_state_and_input_is_answered(name: str) -> None:
+def test_after_an_attach_an_interrupt_keeps_state_input_and_the_debugger_are_answered(
+        name: str) -> None:
     kill(start_kept(name, 120))
     cluster = JaxCluster.attach(name, force=True)
     try:
@@ -218,6 +227,19 @@ def test_after_an_attach_an_interrupt_keeps_state_and_input_is_answered(name: st
         assert answered.ok and [p.stdout.splitlines()[-1] for p in answered.processes] == [
             "abc", "abc"], answered
         assert sorted(asked) == ["name 0? ", "name 1? "]
+        commands = iter(["p d['rank'] * 21", "c"])
+        prompts: list[str] = []
+
+        def debug(process: int, prompt: str, secret: bool) -> str:
+            prompts.append(f"{process} {prompt}")
+            return next(commands)
+
+        debugged = cluster.run("if jax.process_index() == 1:\n    breakpoint()\nprint('past')",
+                               on_input=debug)
+        assert debugged.ok, debugged
+        assert prompts == ["1 (Pdb) "] * 2
+        assert "21" in debugged.processes[1].stdout
+        assert [p.stdout.splitlines()[-1] for p in debugged.processes] == ["past"] * 2
     finally:
         cluster.stop()
 
@@ -270,10 +292,15 @@ def test_the_keeper_acts_only_on_messages_signed_with_the_kept_clusters_key(name
 
 def test_a_kernel_that_attached_restarts_the_cluster_keeping_its_state(name: str) -> None:
     """The lines are taken over from the keeper: fresh engines on them, the state carried,
-    and the next kernel to attach finds the new engines."""
+    and the next kernel to attach finds the new engines and the setup cells."""
+    from jaxcluster.cluster import kept
+
     kill(start_kept(name, 120))
     cluster = JaxCluster.attach(name, force=True)  # the killed kernel may not be let go yet
     try:
+        assert cluster.run("configured = 7", setup=True).ok  # told to the keeper at once
+        assert [c.code for c in kept.decode(kept.Kept.named(name).info["setup_cells"])] == [
+            "configured = 7"]
         before = {p.process_index: p.pid for p in cluster.processes}
         cluster.restart(keep_state=True)
         assert cluster.last_carried is not None and not cluster.last_carried.lost
@@ -286,6 +313,9 @@ def test_a_kernel_that_attached_restarts_the_cluster_keeping_its_state(name: str
         cluster.detach()
         again = JaxCluster.attach(name)
         assert [p.stdout for p in again.run(CHECK).processes] == [CHECKED] * 2
+        again.restart()  # without the state: the setup cells replayed
+        assert [p.stdout for p in again.run("print(configured, 'x' in globals())").processes
+                ] == ["7 False\n"] * 2
         again.stop()
     finally:
         with contextlib.suppress(ConfigError, JaxClusterError):

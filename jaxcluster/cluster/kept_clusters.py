@@ -31,6 +31,12 @@ class KeptClusters:
     def stop(self) -> None:
         raise NotImplementedError
 
+    def _checked_sync(self) -> Any:
+        raise NotImplementedError
+
+    def _place(self, synced: Any) -> None:
+        raise NotImplementedError
+
     @classmethod
     def attach(cls: type[C], name: str, force: bool = False) -> C:
         """Drive the kept cluster ``name`` (``keep=True``) from this kernel: its processes, with
@@ -42,6 +48,8 @@ class KeptClusters:
         cluster._running, cluster._hold = taken.running, taken.hold
         cluster.setup_cells, cluster.startup_seconds = taken.setup_cells, taken.seconds
         cluster.last_cell = reattach.last_cell(taken.running)
+        with contextlib.suppress(ConfigError):  # a folder gone since: the hosts keep theirs
+            cluster._place(cluster._checked_sync())  # edits here reach the hosts again
         return cluster
 
     def detach(self) -> None:
@@ -78,10 +86,15 @@ class KeptClusters:
         return keeper
 
     def _publish(self) -> None:
-        """What a kernel attaching to a kept cluster takes, told to its keeper."""
-        if self._hold is not None and self._running is not None and self._running.launched:
+        """What a kernel attaching to a kept cluster takes, told to its keeper (by a kernel
+        that attached and has not restarted it: only its setup cells are new)."""
+        if self._hold is None or self._running is None:
+            return
+        if self._running.launched:
             reattach.publish(self._hold.kept, self._running, self.options, self.cluster_id,
                              self.setup_cells)
+        else:
+            self._hold.kept.update(setup_cells=kept.encode(self.setup_cells))
 
     def _end_kept(self) -> None:
         """A kept cluster's stop: its keeper ends what it holds (lines, controller, engines)."""
