@@ -320,3 +320,17 @@ def test_a_kernel_that_attached_restarts_the_cluster_keeping_its_state(name: str
     finally:
         with contextlib.suppress(ConfigError, JaxClusterError):
             cluster.stop()
+
+
+def test_the_kernel_that_holds_a_kept_cluster_is_told_who_stopped_it(name: str) -> None:
+    kill(start_kept(name, 120))
+    cluster = JaxCluster.attach(name, force=True)
+    JaxCluster.stop_kept(name)  # as another kernel's %jax_cluster stop NAME
+    deadline = time.monotonic() + 5
+    while cluster._hold is not None and cluster._hold.stopped_by is None:
+        assert time.monotonic() < deadline, "the holder was not told"
+        time.sleep(0.05)
+    with pytest.raises(ConfigError, match=rf"^The kept cluster '{name}' was stopped by kernel "
+                       rf"pid {os.getpid()} \(%jax_cluster stop {name}\)"):
+        cluster.run("d")
+    assert not cluster.running

@@ -224,7 +224,7 @@ class Keeper:
                 self._write_record()
                 reply({"ok": True})
             elif op == "stop":
-                self._end(reply)
+                self._end(reply, message.get("who"))
 
     def _serve_hold(self, reply: Replies, reader: IO[bytes], message: dict[str, Any]) -> None:
         """The kernel that drives the cluster: held while this connection is open."""
@@ -254,10 +254,15 @@ class Keeper:
                 self.idle_since = time.time()
         self._write_record()
 
-    def _end(self, reply: Replies | None = None) -> None:
-        """End the cluster: each line closed (its engines end), then the controller and
-        anything left of the cluster killed, the files removed, and this process exits."""
+    def _end(self, reply: Replies | None = None, by: str | None = None) -> None:
+        """End the cluster: the kernel that holds it told who stopped it (``by``: another
+        kernel), each line closed (its engines end), then the controller and anything left of
+        the cluster killed, the files removed, and this process exits."""
         self.ending.set()
+        with self._lock:
+            hold = self._hold
+        if hold is not None and by is not None and hold is not reply:
+            hold({"stopped_by": by})
         for line in self.lines:
             line.close()
         deadline = time.monotonic() + CLOSE_SECONDS

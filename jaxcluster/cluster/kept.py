@@ -23,8 +23,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import IO, Any
 
-import psutil
-
 from ..errors import ConfigError, JaxClusterError
 from .keeper import PREFIX, record_path, runtime_dir, signed, verified
 
@@ -96,10 +94,13 @@ class Kept:
 
     @property
     def alive(self) -> bool:
-        try:
-            return psutil.Process(int(self.record["pid"])).status() != psutil.STATUS_ZOMBIE
-        except (psutil.Error, KeyError, ValueError):
-            return False
+        """Whether its keeper listens on its socket (a pid may have been reused since)."""
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+            try:
+                probe.connect(str(self.record["socket"]))
+            except (OSError, KeyError):
+                return False
+        return True
 
     @property
     def info(self) -> dict[str, Any]:
@@ -136,7 +137,7 @@ class Kept:
         self.ask("update", info=info)
 
     def stop(self) -> None:
-        self.ask("stop")
+        self.ask("stop", who=who_am_i())
 
     def line(self, host: str, command: list[str], env: dict[str, str], errors: str) -> KeptLine:
         """A new line to ``host``'s forking process, which the keeper holds."""
@@ -223,7 +224,8 @@ class Hold:
     def __init__(self, kept: Kept, force: bool) -> None:
         self.kept = kept
         self.token = uuid.uuid4().hex
-        self.taken_by: str | None = None
+        self.taken_by: str | None = None  # the kernel that took it over
+        self.stopped_by: str | None = None  # the kernel that stopped it
         self._connection = kept.connect("hold", token=self.token, who=who_am_i(), force=force)
         answer = self._connection.read() or {}
         if "held_by" in answer:
@@ -242,6 +244,7 @@ class Hold:
     def _listen(self) -> None:
         for message in self._connection.messages():
             self.taken_by = message.get("taken_by", self.taken_by)
+            self.stopped_by = message.get("stopped_by", self.stopped_by)
 
     def release(self) -> None:
         self._connection.shutdown()

@@ -105,12 +105,18 @@ class KeptClusters:
             hold.release()
 
     def _check_still_held(self) -> None:
-        """Once another kernel took the cluster over (``attach --force``), this one lets go,
-        and says so at its next use of it."""
+        """Once another kernel took the cluster over (``attach --force``) or stopped it, this
+        one lets go, and says so at its next use of it."""
         hold = self._hold
-        if hold is None or hold.taken_by is None:
+        if hold is None or (hold.taken_by is None and hold.stopped_by is None):
             return
         self.detach()
+        if hold.stopped_by is not None:
+            raise ConfigError(
+                f"The kept cluster {hold.kept.name!r} was stopped by {hold.stopped_by} "
+                f"(%jax_cluster stop {hold.kept.name}): its processes and their state are gone. "
+                "Start another cluster."
+            )
         raise ConfigError(
             f"This kernel no longer drives the kept cluster {hold.kept.name!r}: "
             f"{hold.taken_by} took it over (attach --force). Take it back with %jax_cluster "
