@@ -68,6 +68,9 @@ def outlives_its_kernel_and_restarts(name: str, **options: Any) -> str:
     try:
         processes = len(cluster.processes)
         assert [p.stdout for p in cluster.run(CHECK).processes] == [CHECKED] * processes
+        engines = sum(psutil.Process(p.pid).memory_info().rss for p in cluster.processes)
+        (row,) = [row for row in JaxCluster.kept_clusters() if row.name == name]
+        assert row.memory is not None and row.memory > engines  # the engines here, and more
         before = {p.pid for p in cluster.processes}
         cluster.restart(keep_state=True)
         assert cluster.last_carried is not None and not cluster.last_carried.lost

@@ -301,23 +301,27 @@ class KeptCluster:
     idle_since: float | None  # when the last kernel let go (None while held)
     pid: int
     hosts: tuple[str, ...] = ()
-    memory: int | None = None  # bytes resident: the keeper and what it started (on this host)
+    memory: int | None = None  # bytes resident on this machine: keeper, lines, the cluster's
 
 
-def _resident(pid: int) -> int | None:
-    """Bytes resident in the keeper and every process it started (the host's forking
-    processes and their engines: this host's, as the local launcher runs them)."""
+def _resident(pid: int, cluster_id: str | None) -> int | None:
+    """Bytes resident in the keeper, what it started (each host's line) and this machine's
+    processes of the cluster (the controller, engines, ``mpiexec``), once each."""
     import psutil
+
+    from .watchdog import local_cluster_pids
 
     try:
         keeper = psutil.Process(pid)
-        tree = [keeper, *keeper.children(recursive=True)]
+        pids = {keeper.pid, *(child.pid for child in keeper.children(recursive=True))}
     except psutil.Error:
         return None
+    if cluster_id:
+        pids.update(local_cluster_pids(cluster_id))
     total = 0
-    for proc in tree:
+    for each in pids:
         with contextlib.suppress(psutil.Error):
-            total += proc.memory_info().rss
+            total += psutil.Process(each).memory_info().rss
     return total
 
 
@@ -340,5 +344,5 @@ def kept_clusters() -> list[KeptCluster]:
             kept.name, int(info.get("nodes", 0)), int(info.get("devices", 0)),
             holder["who"] if holder else None, kept.record.get("idle_since"),
             int(kept.record["pid"]), tuple(info.get("hosts", ())),
-            _resident(int(kept.record["pid"]))))
+            _resident(int(kept.record["pid"]), info.get("cluster_id"))))
     return found
