@@ -116,9 +116,21 @@ for step in range(5):
           np.asarray(z + step)[-1, -1], [float(v) for v in (c[:, 0] + step)][:3])
 """
 
+# indexing that JAX refuses on an explicitly sharded array: its error, word for word
+EXPLICIT_INDEXING = """
+explicit = jax.device_put(jnp.zeros((8, 8)), NamedSharding(
+    jax.make_mesh((4, 2), ('a', 'b'), axis_types=(jax.sharding.AxisType.Explicit,) * 2),
+    P('a', 'b')))
+if jax.process_index() == 0:
+    try:
+        explicit[0]
+    except Exception as e:
+        print(type(e).__name__, e)
+"""
+
 CELLS = [SETUP, MATMUL, READ_MATMUL, on_process_0(READ_MATMUL), SHARDED, READ_SHARDED,
          on_process_0(READ_SHARDED), STATE, READ_STATE, on_process_0(READ_STATE), MOVE,
-         ONE_ELEMENT, TEMPORARIES]
+         ONE_ELEMENT, TEMPORARIES, EXPLICIT_INDEXING]
 
 
 def one_process_outputs(cells: list[str]) -> dict[str, str]:
@@ -181,6 +193,13 @@ def assert_moved_shards_are_each_processs_own(shell) -> None:
 def test_one_element_is_read_alone(shell, expected):
     text, _ = run_spmd(shell, ONE_ELEMENT)
     assert text.strip() == f"[process 0]\n{expected[ONE_ELEMENT].strip()}"
+
+
+def test_indexing_jax_refuses_raises_jaxs_own_error_where_others_hold_the_array(
+        shell, expected):
+    text, _ = run_spmd(shell, EXPLICIT_INDEXING)
+    assert expected[EXPLICIT_INDEXING].startswith("ShardingTypeError ")
+    assert text.strip() == f"[process 0]\n{expected[EXPLICIT_INDEXING].strip()}"
 
 
 def test_the_same_machines_shared_memory_path_reads_what_tcp_reads(shell, expected):

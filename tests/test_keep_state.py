@@ -99,6 +99,26 @@ def test_a_skipped_collective_restarts_and_every_kind_is_carried(cluster) -> Non
     assert kept_folders() == folders  # the fresh processes removed what they put back
 
 
+def test_an_array_the_stuck_runtime_still_computes_is_named_not_waited_for(cluster) -> None:
+    """Process 2 skips a collective the others dispatched (asynchronously: their ``y`` is
+    not ready, and never will be); the carry names ``y`` on those three after a few seconds,
+    instead of waiting on it until the restart's timeout, and keeps the rest."""
+    result = cluster.run(
+        "import jax, jax.numpy as jnp\n"
+        "from jax.sharding import NamedSharding, PartitionSpec as P\n"
+        "spread = jax.device_put(jnp.ones(8), NamedSharding(jax.make_mesh((8,), ('i',)), P('i')))\n"
+        "kept_too = 5\n"
+        "if jax.process_index() != 2:\n"
+        "    y = jax.jit(lambda v: v.sum())(spread)\n"
+        "    print(float(y))\n", hang_after=2)
+    assert result.failure == "hang" and result.restarted, result
+    assert result.carried is not None and result.carried.seconds < 60, result.carried
+    summary = result.carried.summary()
+    assert "processes 0-1,3 did not carry: y (a jax.Array still being computed" in summary, summary
+    after = cluster.run("print(kept_too, float(spread.sum()))")
+    assert [p.stdout for p in after.processes] == ["5 8.0\n"] * 4
+
+
 def test_a_killed_process_keeps_nothing_and_the_others_keep_theirs(cluster) -> None:
     made(cluster)
     before = [p.stdout for p in cluster.run(OWN, targets=[0, 1, 2]).processes]

@@ -48,17 +48,38 @@ class Carried:
                          f"{total / 2**20:.0f} MiB, {self.seconds:.1f} s).")
         else:
             parts.append("No process's state was carried across the restart.")
-        for process, why in sorted(self.lost.items()):
-            parts.append(f"{process_label([process])} kept nothing: {why}.")
-        for process in kept:
-            missing = {**self.taken[process]["not_kept"],
-                       **self.restored[process].get("not_restored", {})}
-            if missing:
-                shown = [f"{name} ({why})" for name, why in sorted(missing.items())]
-                more = len(shown) - MOST_NAMED
-                listed = ", ".join(shown[:MOST_NAMED]) + (f" and {more} more" if more > 0 else "")
-                parts.append(f"{process_label([process])} did not carry: {listed}.")
+        for why, processes in _alike(self.lost).items():
+            parts.append(f"{process_label(processes)} kept nothing: {why}.")
+        missing = {process: tuple(sorted({**self.taken[process]["not_kept"],
+                                          **self.restored[process].get("not_restored", {})
+                                          }.items())) for process in kept}
+        for names, processes in _alike({p: m for p, m in missing.items() if m}).items():
+            parts.append(f"{process_label(processes)} did not carry: {_names_by_why(names)}.")
         return " ".join(parts)
+
+
+def _alike(by_process: dict[int, Any]) -> dict[Any, list[int]]:
+    """The processes that said the same, by what they said (processes that lost the same
+    names for the same reasons are named once)."""
+    grouped: dict[Any, list[int]] = {}
+    for process, said in sorted(by_process.items()):
+        grouped.setdefault(said, []).append(process)
+    return grouped
+
+
+def _names_by_why(missing: tuple[tuple[str, str], ...]) -> str:
+    """``a, b (why); c (why)``: names that share a reason, once; at most ``MOST_NAMED``."""
+    whys: dict[str, list[str]] = {}
+    for name, why in missing:
+        whys.setdefault(why, []).append(name)
+    shown, left = [], MOST_NAMED
+    for why, names in whys.items():
+        if left <= 0:
+            break
+        shown.append(f"{', '.join(names[:left])} ({why})")
+        left -= len(names)
+    more = len(missing) - MOST_NAMED
+    return "; ".join(shown) + (f" and {more} more" if more > 0 else "")
 
 
 def take(calls: ProcessCalls, processes: list[int], dead_now: Callable[[], dict[int, str]],

@@ -68,7 +68,13 @@ def install() -> bool:
         if found is not None:
             keep_for_readers(self, found[0])
             if values.held_elsewhere(self):
-                jax.eval_shape(lambda a: a[idx], self)  # JAX's own errors, as it would raise
+                def as_jax_would() -> Any:
+                    __tracebackhide__ = True
+                    return original_getitem(self, idx)
+
+                # JAX's own errors, as it raises them: it indexes the concrete array (a traced
+                # one takes another path), abstractly, so that nothing runs
+                jax.eval_shape(as_jax_would)
                 box, within = found
                 whole = hooks.kept_value(self)  # read already
                 return put(whole[idx] if whole is not None else read(self, box)[within])

@@ -28,6 +28,7 @@ import os
 import pickle
 import shutil
 import tempfile
+import time
 import types
 from typing import Any
 
@@ -37,6 +38,9 @@ FREE_FRACTION = 0.5  # of this host's available memory, the default bound of wha
 INDEX = "index.pickle"
 BUFFERS = ".buffers"  # beside each value's file: its arrays' numbers, raw
 ALIGN = 64  # bytes: where each buffer starts in that file
+# how long, in all, the state waits for arrays still being computed: an interrupted program
+# finishes in that time; one the stuck runtime holds (or queued behind it) never does
+READY_SECONDS = 5.0
 # the persistent ids of JAX's objects in a kept value
 ARRAY, MESH, SHARDING, DEVICE = "jax.Array", "jax.sharding.Mesh", "jax.sharding", "jax.Device"
 
@@ -62,11 +66,12 @@ def keep(limit: int | None = None) -> dict[str, Any]:
     kept: dict[str, tuple[str, list[tuple[int, int]]]] = {}  # name -> its file, its buffers
     not_kept: dict[str, str] = {}
     used = 0
+    ready_by = time.monotonic() + READY_SECONDS
     # the small first: over the bound, the largest are the ones left out
     for number, name in enumerate(sorted(others, key=lambda n: _estimate(others[n]))):
         path = os.path.join(folder, f"{number}.pickle")
         try:
-            size, buffers = _write(others[name], path)
+            size, buffers = _write(others[name], path, ready_by)
         except NotKept as e:
             not_kept[name] = str(e)
             continue
@@ -146,15 +151,18 @@ def _size(n: int) -> str:
     return f"{n / 2**20:.0f} MiB" if n >= 2**20 else f"{n} bytes"
 
 
-def _write(value: Any, path: str) -> tuple[int, list[tuple[int, int]]]:
+def _write(value: Any, path: str, ready_by: float) -> tuple[int, list[tuple[int, int]]]:
     """Write ``value`` to ``path``, its large buffers (arrays' numbers) apart, raw, in
     ``path + BUFFERS``: read back, they are mapped, not copied. Its size, and where each
-    buffer is. Raises ``NotKept``."""
+    buffer is. Raises ``NotKept`` (for an array still being computed at ``ready_by``, a
+    ``time.monotonic()``, too)."""
     buffers: list[Any] = []
     where: list[tuple[int, int]] = []
     try:
         with open(path, "wb") as f:
-            _pickler()(f, protocol=5, buffer_callback=buffers.append).dump(value)
+            pickler = _pickler()(f, protocol=5, buffer_callback=buffers.append)
+            pickler.ready_by = ready_by
+            pickler.dump(value)
             size = f.tell()
         with open(path + BUFFERS, "wb") as raw:
             for buffer in buffers:
@@ -213,9 +221,11 @@ def _pickler() -> type:
     import jax
 
     class Pickler(cloudpickle.CloudPickler):
+        ready_by = 0.0  # see ``_array_state``
+
         def persistent_id(self, obj: Any) -> Any:
             if isinstance(obj, jax.Array):
-                return (ARRAY, _array_state(obj))
+                return (ARRAY, _array_state(obj, self.ready_by))
             if isinstance(obj, jax.sharding.Mesh):
                 return (MESH, _mesh_state(obj))
             if isinstance(obj, jax.sharding.Sharding):
@@ -241,14 +251,21 @@ class _Unpickler(pickle.Unpickler):
         raise pickle.UnpicklingError(f"unknown persistent id {kind!r}")
 
 
-def _array_state(arr: Any) -> dict[str, Any]:
-    """What rebuilds ``arr`` on this process: its shards' numbers, by device, and sharding."""
+def _array_state(arr: Any, ready_by: float) -> dict[str, Any]:
+    """What rebuilds ``arr`` on this process: its shards' numbers, by device, and sharding;
+    ``NotKept`` where they are still being computed at ``ready_by`` (reading them would wait
+    on the runtime the restart ends)."""
     import numpy as np
 
     from . import values
 
     if arr.is_deleted():
         raise NotKept("a deleted jax.Array")
+    while not arr.is_ready():
+        if time.monotonic() > ready_by:
+            raise NotKept("a jax.Array still being computed: the program that makes it (or "
+                          "one before it) did not finish")
+        time.sleep(0.01)
     shards: dict[str, Any] = {}  # one copy per distinct index
     devices: dict[int, str] = {}
     for shard in arr.addressable_shards:

@@ -1,0 +1,60 @@
+"""Real users' code under ``%%spmd``, as it runs in plain multi-process JAX: an Orbax checkpoint
+of a sharded array saved and restored by every process, and a tqdm loop shown by process 0
+only (``disable=jax.process_index() != 0``), on 4 processes × 2 CPU devices. (A loop that also
+reduces the array at every step, 50 times, deadlocks in JAX's CPU collectives, in plain
+processes as here: the loss is taken after the loop.)"""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("orbax.checkpoint")
+
+
+@pytest.mark.cluster
+def test_an_orbax_checkpoint_of_a_sharded_array_saves_and_restores_on_every_process(
+        cluster, tmp_path):
+    saved = cluster.run(f"""
+import jax, jax.numpy as jnp
+import orbax.checkpoint as ocp
+from jax.sharding import NamedSharding, PartitionSpec as P
+mesh = jax.make_mesh((4, 2), ("a", "b"))
+w = jax.device_put(jnp.arange(64.0).reshape(8, 8), NamedSharding(mesh, P("a", "b")))
+manager = ocp.CheckpointManager({str(tmp_path / "checkpoints")!r})
+manager.save(3, args=ocp.args.StandardSave({{"w": w, "step": 3}}))
+manager.wait_until_finished()
+print(manager.all_steps())
+""")
+    assert saved.ok, saved
+    assert [p.stdout for p in saved.processes] == ["[3]\n"] * 4
+    restored = cluster.run("""
+abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, {"w": w, "step": 3})
+back = manager.restore(3, args=ocp.args.StandardRestore(abstract))
+print(back["w"].sharding.spec, float(back["w"].sum()), back["step"], bool((back["w"] == w).all()))
+""")
+    assert restored.ok, restored
+    assert [p.stdout for p in restored.processes] == ["P('a', 'b') 2016.0 3 True\n"] * 4
+
+
+@pytest.mark.cluster
+def test_a_tqdm_loop_shown_by_process_0_runs_every_step_and_prints_a_global_array(cluster):
+    result = cluster.run("""
+import jax, jax.numpy as jnp
+from jax.sharding import NamedSharding, PartitionSpec as P
+from tqdm.auto import tqdm
+v = jax.device_put(jnp.zeros((8, 8)), NamedSharding(jax.make_mesh((4, 2), ("a", "b")), P("a", "b")))
+step = jax.jit(lambda v: v + 1.0)
+for _ in tqdm(range(50), disable=jax.process_index() != 0):
+    v = step(v)
+total = v.sum()  # on every process, as a loss is
+if jax.process_index() == 0:
+    print(total, v.shape, v)
+""", timeout=60)
+    assert result.ok, result
+    lines = result.processes[0].stdout.splitlines()
+    assert lines[0] == "3200.0 (8, 8) [[50. 50. 50. 50. 50. 50. 50. 50.]" and len(lines) == 8
+    # tqdm.auto in a kernel draws a widget: process 0's alone
+    bars = [[o for o in p.outputs if "application/vnd.jupyter.widget-view+json" in o["data"]]
+            for p in result.processes]
+    assert [len(b) for b in bars] == [1, 0, 0, 0], result.processes
+    assert all(p.stdout == p.stderr == "" for p in result.processes[1:])
