@@ -212,64 +212,68 @@ class ClusterPanel extends Widget {
       card.appendChild(element('p', 'jc-Cluster-error', cluster.error));
     }
     const rows = Array.isArray(cluster.processes) ? cluster.processes : [];
-    const table = element('table', 'jc-Processes');
-    const head = element('tr', '');
-    for (const title of ['#', 'host', 'state', 'memory', 'device', 'last line', '']) {
-      head.appendChild(element('th', '', title));
-    }
-    table.appendChild(element('thead', '')).appendChild(head);
-    const body = table.appendChild(element('tbody', ''));
+    const list = element('div', 'jc-Processes', '', { role: 'list' });
     for (const row of rows) {
-      const tr = element('tr', `jc-Process jc-mod-${row.state}`, '', {
-        'data-process': String(row.process)
-      });
-      tr.append(
-        element('td', 'jc-Process-index', String(row.process)),
-        element('td', 'jc-Process-host', row.host, { title: row.host }),
-        element('td', 'jc-Process-state', row.doing, { title: row.doing }),
-        element('td', 'jc-Process-memory', row.memory, {
-          title: 'resident memory on its host'
-        }),
-        element('td', 'jc-Process-device', row.device_memory, {
-          title: 'device memory in use (peak), as JAX reports it'
-        }),
-        element('td', 'jc-Process-line', row.last_line, { title: row.last_line })
-      );
-      const buttons = element('td', 'jc-Process-actions');
-      const process = String(row.process);
-      buttons.append(
-        button('■', `Interrupt process ${row.process}`, {
-          action: 'interrupt',
-          key,
-          process
-        }),
-        button('≡', `Show the Python stack of process ${row.process}`, {
-          action: 'stack',
-          key,
-          process
-        })
-      );
-      tr.appendChild(buttons);
-      body.appendChild(tr);
-      if (this.stacks.has(`${key}/${process}`)) {
-        const shown = element('tr', 'jc-Stack');
-        const cell = element('td', '', '', { colspan: '7' });
-        cell.appendChild(
-          element(
-            'pre',
-            '',
-            row.stack ||
-              (row.state === 'idle'
-                ? 'idle: no cell runs on it'
-                : 'not looked at yet: it is shown within a second or two')
-          )
-        );
-        shown.appendChild(cell);
-        body.appendChild(shown);
-      }
+      list.appendChild(this.processRow(key, row));
     }
-    card.appendChild(table);
+    card.appendChild(list);
     return card;
+  }
+
+  // one process: what it does on the first line; its memory, where it runs, its devices'
+  // memory and its last line of output below; its stack under it when asked for
+  private processRow(key: string, row: IRow): HTMLElement {
+    const process = String(row.process);
+    const item = element('div', `jc-Process jc-mod-${row.state}`, '', {
+      'data-process': process,
+      role: 'listitem'
+    });
+    const device =
+      row.device_memory === '\u2014' ? '' : ` \u00b7 device ${row.device_memory}`;
+    const rest = ` \u00b7 ${row.host}${device}${row.last_line ? ' \u00b7 ' + row.last_line : ''}`;
+    const detail = element('span', 'jc-Process-detail', '', {
+      title: `${row.memory}${rest}`
+    });
+    detail.append(
+      element('span', 'jc-Process-memory', row.memory, {
+        title: 'resident memory on its host'
+      }),
+      rest
+    );
+    const actions = element('span', 'jc-Process-actions');
+    actions.append(
+      button('\u25a0', `Interrupt process ${row.process}`, {
+        action: 'interrupt',
+        key,
+        process
+      }),
+      button('\u2261', `Show the Python stack of process ${row.process}`, {
+        action: 'stack',
+        key,
+        process
+      })
+    );
+    item.append(
+      element('span', 'jc-Process-index', process, {
+        title: `JAX process ${process}`
+      }),
+      element('span', 'jc-Process-state', row.doing),
+      actions,
+      detail
+    );
+    if (this.stacks.has(`${key}/${process}`)) {
+      item.appendChild(
+        element(
+          'pre',
+          'jc-Process-stack',
+          row.stack ||
+            (row.state === 'idle'
+              ? 'idle: no cell runs on it'
+              : 'not looked at yet: shown within a second or two')
+        )
+      );
+    }
+    return item;
   }
 
   private keptCard(cluster: ICluster, now: number): HTMLElement {
