@@ -1,8 +1,9 @@
 """The JAX Cluster panel in JupyterLab's left sidebar (issue 45): a 4 × 2 cluster's processes
 live while a cell runs (process 2 sleeping in Python, the others waiting in the program it has
 yet to run, with their memory), process 2's interrupt button ending the cell, screenshots in
-the light and dark themes; a kept cluster no kernel holds, idle since when, and its stop button.
-Nothing in the browser's console."""
+the light and dark themes, and the same rows in ``%jax_cluster status --watch``'s widget; a kept
+cluster no kernel holds, idle since when, and its stop button. Nothing in the browser's console
+from the panel."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ pytestmark = [pytest.mark.browser, pytest.mark.cluster, pytest.mark.timeout(300)
 NOTEBOOK = ".jp-NotebookPanel:visible"
 PANEL = "#jaxcluster-panel"
 CELLS = ["%load_ext jaxcluster\n%jax_cluster start --nodes 4 --devices-per-node 2",
-         "%%spmd --hang-after 2\n" + SLEEPER, "%jax_cluster stop"]
+         "%jax_cluster status --watch", "%%spmd --hang-after 2\n" + SLEEPER, "%jax_cluster stop"]
 KEPT = ["%load_ext jaxcluster\n%jax_cluster start --nodes 2 --keep --name panel-kept",
         "%jax_cluster detach"]
 
@@ -60,13 +61,16 @@ def test_the_panel_shows_a_cell_live_and_interrupts_one_process(lab_server, brow
     open_notebook(page, lab_server, "panel.ipynb", timeout=180)
     run_cell(page, 0)
     wait_cells_done(page, timeout=180, index=0)
+    run_cell(page, 1)
+    wait_cells_done(page, timeout=60, index=1)
+    watched = page.locator(f"{NOTEBOOK} .jp-CodeCell").nth(1).locator(".jc-live tbody tr")
     open_panel(page)
     card = page.locator(f"{PANEL} .jc-Cluster")
     card.locator(".jc-Cluster-name", has_text="panel.ipynb").wait_for()
     for index in range(4):
         process(page, index).locator(".jc-Process-state", has_text="idle").wait_for()
 
-    run_cell(page, 1)
+    run_cell(page, 2)
     began = time.monotonic()
     process(page, 2).locator(".jc-Process-state", has_text=re.compile(r"^running cell")).wait_for(
         timeout=12_000)
@@ -79,6 +83,8 @@ def test_the_panel_shows_a_cell_live_and_interrupts_one_process(lab_server, brow
     assert process(page, 2).get_attribute("class").endswith("jc-mod-running")
     for index in (0, 1, 3):
         assert process(page, index).get_attribute("class").endswith("jc-mod-waiting")
+    assert [watched.nth(i).get_attribute("class") for i in range(4)] == [
+        "jc-waiting", "jc-waiting", "jc-running", "jc-waiting"]  # the widget: the same rows
     for index in range(4):
         memory = process(page, index).locator(".jc-Process-memory").inner_text()
         assert re.fullmatch(r"[\d.]+ (MiB|GiB)", memory), memory
@@ -91,15 +97,16 @@ def test_the_panel_shows_a_cell_live_and_interrupts_one_process(lab_server, brow
     assert time.monotonic() - began < 14, "the sleep may have ended before the interrupt"
 
     process(page, 2).locator('button[data-action="interrupt"]').click()
-    wait_cells_done(page, timeout=120, index=1)
-    output = page.locator(f"{NOTEBOOK} .jp-CodeCell").nth(1).locator(".jp-OutputArea")
+    wait_cells_done(page, timeout=120, index=2)
+    output = page.locator(f"{NOTEBOOK} .jp-CodeCell").nth(2).locator(".jp-OutputArea")
     assert "KeyboardInterrupt" in output.inner_text()  # process 2's sleep was cut short
     for index in range(4):
         process(page, index).locator(".jc-Process-state", has_text="idle").wait_for()
 
-    run_cell(page, 2)
-    wait_cells_done(page, timeout=60, index=2)
+    run_cell(page, 3)
+    wait_cells_done(page, timeout=60, index=3)
     page.locator(f"{PANEL} .jc-Panel-empty").wait_for()
+    page.locator(f"{NOTEBOOK} .jp-CodeCell").nth(1).get_by_text("JAX Cluster: stopped").wait_for()
     assert not problems(console), console
 
 
