@@ -75,7 +75,11 @@ class Published:
                 connection.settimeout(ASK_SECONDS)
                 with contextlib.suppress(OSError, ValueError):
                     message = json.loads(connection.makefile("rb").readline())
-                    connection.sendall(json.dumps(self._answer(message)).encode() + b"\n")
+                    try:
+                        answer = self._answer(message)
+                    except Exception as e:  # said to the viewer: this thread serves the next
+                        answer = {"error": f"{type(e).__name__}: {e}"}
+                    connection.sendall(json.dumps(answer).encode() + b"\n")
 
     def _answer(self, message: dict[str, Any]) -> dict[str, Any]:
         if not hmac.compare_digest(str(message.get("secret", "")), self.secret):

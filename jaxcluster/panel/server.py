@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import queue
 import time
 from typing import Any
 
@@ -47,8 +48,8 @@ class Action(_Handler):
         body = self.get_json_body() or {}
         try:
             said = await act(self.server, key, action, body.get("process"))
-        except (OSError, ValueError, KeyError) as e:
-            said = f"{action} failed: {e}"
+        except Exception as e:  # the cluster or its kernel went away meanwhile: said in the panel
+            said = f"{action} failed: {type(e).__name__}: {e}"
         self.finish(json.dumps({"said": said}))
 
 
@@ -133,7 +134,10 @@ async def _in_kernel(serverapp: Any, kernel_id: str, expression: str) -> str:
                               user_expressions={"said": expression})
         deadline = time.monotonic() + ACT_SECONDS
         while time.monotonic() < deadline:
-            reply = await client.get_shell_msg(timeout=deadline - time.monotonic())
+            try:
+                reply = await client.get_shell_msg(timeout=deadline - time.monotonic())
+            except queue.Empty:
+                break
             if reply["parent_header"].get("msg_id") == sent:
                 said = reply["content"].get("user_expressions", {}).get("said", {})
                 text = said.get("data", {}).get("text/plain", said.get("evalue", ""))

@@ -21,9 +21,9 @@ pytestmark = [pytest.mark.browser, pytest.mark.cluster, pytest.mark.timeout(300)
 NOTEBOOK = ".jp-NotebookPanel:visible"
 PANEL = "#jaxcluster-panel"
 CELLS = ["%load_ext jaxcluster\n%jax_cluster start --nodes 4 --devices-per-node 2",
-         "%jax_cluster status --watch", "%%spmd --hang-after 2\n" + SLEEPER, "%jax_cluster stop"]
+         "%jax_cluster status --watch", "%%spmd --hang-after 2\n" + SLEEPER]
 KEPT = ["%load_ext jaxcluster\n%jax_cluster start --nodes 2 --keep --name panel-kept",
-        "%jax_cluster detach"]
+        "%jax_cluster detach", "%jax_cluster detach"]
 
 
 def open_panel(page) -> None:
@@ -103,9 +103,12 @@ def test_the_panel_shows_a_cell_live_and_interrupts_one_process(lab_server, brow
     for index in range(4):
         process(page, index).locator(".jc-Process-state", has_text="idle").wait_for()
 
-    run_cell(page, 3)
-    wait_cells_done(page, timeout=60, index=3)
-    page.locator(f"{PANEL} .jc-Panel-empty").wait_for()
+    # restart and stop: run by the notebook's kernel, between its cells
+    card.locator('button[data-action="restart"]').click()
+    page.locator(f"{PANEL} .jc-Panel-status", has_text=re.compile(
+        r"^4 processes × 2 cpu devices = 8 global devices")).wait_for(timeout=120_000)
+    card.locator('button[data-action="stop"]').click()
+    page.locator(f"{PANEL} .jc-Panel-empty").wait_for(timeout=60_000)
     page.locator(f"{NOTEBOOK} .jp-CodeCell").nth(1).get_by_text("JAX Cluster: stopped").wait_for()
     assert not problems(console), console
 
@@ -125,6 +128,13 @@ def test_a_kept_cluster_shows_its_idle_time_and_its_stop_button_stops_it(lab_ser
     kept.locator(".jc-Cluster-idle", has_text=re.compile(r"^idle for \d+ s$")).wait_for()
     assert "2 processes, 4 devices" in kept.locator(".jc-Cluster-facts").inner_text()
     save_screenshot(page, "cluster-panel-kept")
+    kept.locator('button[data-action="attach"]').click()  # this notebook's kernel takes it
+    page.locator(f"{PANEL} .jc-Cluster-name", has_text="kept.ipynb").wait_for()
+    kept.wait_for(state="detached")
+    run_cell(page, 2)
+    wait_cells_done(page, timeout=60, index=2)
+    assert "Detached: 'panel-kept' runs on." in page.locator(
+        f"{NOTEBOOK} .jp-CodeCell").nth(2).inner_text()
     kept.locator('button[data-action="stop"]').click()
     kept.wait_for(state="detached", timeout=30_000)
     page.locator(f"{PANEL} .jc-Panel-empty").wait_for()
