@@ -1,6 +1,7 @@
 """Issue 45: what the JAX Cluster panel, open, costs the cells it watches, 4 processes × 2 CPU
-devices: a trivial cell's ratio to ``%%px --block`` (as ``spmd`` measures it) and a jitted
-step's dispatch (as ``dispatch`` measures it), each with and without a viewer.
+devices: a trivial cell's ratio to ``%%px --block`` (as ``spmd`` measures it), a jitted
+step's dispatch (as ``dispatch`` measures it) and the wall time of a cell of a few seconds that
+dispatches it over and over, each with and without a viewer.
 
 The viewer is what the panel's server extension does while the panel is shown: another
 process that asks the cluster's published socket for its rows once a second (which also
@@ -13,15 +14,18 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Callable
 
 from jaxcluster.cluster import published
 
-from ._common import Settings, Table, log, median
-from .dispatch import _ours
+from ._common import Settings, Table, Timer, log, median
+from .dispatch import CALLS, LOOP, _ours
 from .spmd import TRIVIAL, Session, _shell
 
 NODES, DEVICES = 4, 2
 TARGET = 1.05
+# the dispatch loop 20 times over, in one cell of a few seconds: the watcher looks every second
+LONG = LOOP.replace(f"range({CALLS})", f"range({CALLS * 20})")
 VIEWER = """\
 import json, sys, time
 from jaxcluster.cluster import published
@@ -52,6 +56,7 @@ def run(settings: Settings) -> Table:
     session = Session(_shell(), NODES, DEVICES, [])
     trivial: dict[bool, list[float]] = {False: [], True: []}  # %%spmd / %%px, a block's
     dispatch: dict[bool, list[float]] = {False: [], True: []}  # seconds, a loop's median
+    long: dict[bool, list[float]] = {False: [], True: []}  # seconds, the long cell's
     with session:
         cluster = session.cluster
         record = next(r for r in published.records() if r["key"] == cluster._live.key)
@@ -65,21 +70,26 @@ def run(settings: Settings) -> Table:
                 trivial[watched].append(median(ours) / median(px))
                 for _ in range(rounds):
                     dispatch[watched].append(median([d for d, _ in _ours(cluster)]))
+                with Timer() as timer:
+                    cluster.run(LONG).check()
+                long[watched].append(timer.seconds)
             finally:
                 if viewer is not None:
                     viewer.close()
             log(f"panel: block {block} ({'with' if watched else 'without'} a viewer): "
                 f"ratio {trivial[watched][-1]:.3f}, dispatch {dispatch[watched][-1] * 1e6:.2f} µs")
-    for what, got, unit in (
+    rows: list[tuple[str, dict[bool, list[float]], Callable[[float], str]]] = [
         (f"trivial cell `x = 1`: %%spmd / %%px --block, median of {settings.pairs} pairs a "
-         f"block, median over {blocks // 2} blocks each", trivial, 1.0),
+         f"block, median over {blocks // 2} blocks each", trivial, lambda r: f"{r:.3f}"),
         (f"jitted step's dispatch (fastest of the loop's calls, median over processes), median "
-         f"over {rounds * (blocks // 2)} loops each", dispatch, 1e6),
-    ):
+         f"over {rounds * (blocks // 2)} loops each", dispatch, lambda t: f"{t * 1e6:.2f} µs"),
+        (f"a cell of {CALLS * 20:,} jitted steps: its wall time, median over {blocks // 2} "
+         "cells each", long, lambda t: f"{t:.2f} s"),
+    ]
+    for what, got, shown in rows:
         off, on = median(got[False]), median(got[True])
-        shown = (f"{off:.3f}", f"{on:.3f}") if unit == 1.0 else (
-            f"{off * unit:.2f} µs", f"{on * unit:.2f} µs")
-        table.add(what, shown[1], shown[0], f"{on / off:.3f}", f"≤ {TARGET:g}", on / off <= TARGET)
+        table.add(what, shown(on), shown(off), f"{on / off:.3f}", f"≤ {TARGET:g}",
+                  on / off <= TARGET)
     table.notes.append("Columns: with the viewer, without it, their ratio. The viewer asks "
                        "the published socket for the rows once a second, as the panel's "
                        "server extension does while the panel is shown.")

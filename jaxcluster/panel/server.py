@@ -68,6 +68,8 @@ async def clusters(serverapp: Any) -> dict[str, Any]:
     kernels = _kernels(serverapp)
     shown, held = [], set()
     for record, answer in zip(records, answers, strict=True):
+        if answer is None:
+            continue
         kernel = kernels.get(int(record["pid"]))
         held.add(answer.get("kept"))
         shown.append({"key": record["key"], "kind": "live", "kernel": kernel,
@@ -79,9 +81,12 @@ async def clusters(serverapp: Any) -> dict[str, Any]:
     return {"now": time.time(), "clusters": shown}
 
 
-def _rows(record: dict[str, Any]) -> dict[str, Any]:
+def _rows(record: dict[str, Any]) -> dict[str, Any] | None:
+    """Its rows; None where nothing listens (a record whose pid another process took)."""
     try:
         return published.ask(record, "rows")
+    except (ConnectionRefusedError, FileNotFoundError):
+        return None
     except (OSError, ValueError) as e:  # its kernel is busy starting it, or ending
         return {"error": f"no answer ({e})", "processes": []}
 
