@@ -5,6 +5,7 @@ one process asked from another process while a cell runs, and nothing left after
 from __future__ import annotations
 
 import os
+import signal
 import stat
 import threading
 import time
@@ -111,6 +112,30 @@ def test_an_interrupt_of_one_process_asked_from_outside_ends_the_cell(cluster) -
     assert time.monotonic() - began < 15  # the sleep did not run out: the interrupt ended it
     assert result.processes[2].error["ename"] == "KeyboardInterrupt"
     assert published.ask(record, "interrupt", process=2)["error"].startswith("No cell is running")
+
+
+def test_interrupt_all_asked_from_outside_is_the_stop_button(cluster) -> None:
+    record = mine(cluster._live.key)
+    asked: list[dict] = []
+
+    def panel() -> None:
+        rows_within(record, lambda rows: all(r["state"] == "running" for r in rows))
+        asked.append(published.ask(record, "interrupt"))
+
+    looker = threading.Thread(target=panel)
+    looker.start()
+    result = cluster.run("import time\ntime.sleep(30)")
+    looker.join()
+    assert asked == [{"ok": True}]
+    assert result.failure == "interrupt" and result.interrupted == [0, 1, 2, 3]
+    assert not result.restarted  # they stopped, and keep their state
+
+
+def test_a_killed_process_shows_dead(cluster) -> None:
+    record = mine(cluster._live.key)
+    os.kill(cluster.processes[3].pid, signal.SIGKILL)
+    rows = rows_within(record, lambda rows: rows[3]["state"] == "dead")
+    assert [r["state"] for r in rows[:3]] == ["idle"] * 3 and rows[3]["doing"].startswith("died")
 
 
 def test_a_stop_unpublishes_and_act_says_so(cluster) -> None:
