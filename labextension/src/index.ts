@@ -101,6 +101,20 @@ function duration(seconds: number): string {
   return `${Math.floor(s / 3600)} h ${Math.floor((s % 3600) / 60)} min`;
 }
 
+// "4 processes: 1 running, 3 waiting", the states in the order a reader looks for them
+function summary(rows: IRow[]): string {
+  const order = ['dead', 'asking', 'debugging', 'running', 'waiting', 'idle'];
+  const counts = new Map<string, number>();
+  for (const row of rows) {
+    counts.set(row.state, (counts.get(row.state) ?? 0) + 1);
+  }
+  const parts = order
+    .filter(state => counts.has(state))
+    .map(state => `${counts.get(state)} ${state}`);
+  const noun = rows.length === 1 ? 'process' : 'processes';
+  return `${rows.length} ${noun}: ${parts.join(', ')}`;
+}
+
 class ClusterPanel extends Widget {
   private readonly tracker: INotebookTracker;
   private readonly settings = ServerConnection.makeSettings();
@@ -212,6 +226,7 @@ class ClusterPanel extends Widget {
       card.appendChild(element('p', 'jc-Cluster-error', cluster.error));
     }
     const rows = Array.isArray(cluster.processes) ? cluster.processes : [];
+    card.appendChild(element('p', 'jc-Cluster-facts', summary(rows)));
     const list = element('div', 'jc-Processes', '', { role: 'list' });
     for (const row of rows) {
       list.appendChild(this.processRow(key, row));

@@ -90,6 +90,7 @@ def test_the_panel_shows_a_cell_live_and_interrupts_one_process(lab_server, brow
         assert re.fullmatch(r"[\d.]+ (MiB|GiB)", memory), memory
     process(page, 2).locator('button[data-action="stack"]').click()
     page.locator(f"{PANEL} .jc-Process-stack", has_text='File "<cell>", line 9').wait_for()
+    assert card.locator(".jc-Cluster-facts").inner_text() == "4 processes: 1 running, 3 waiting"
     save_screenshot(page, "cluster-panel-light")
     switch_theme(page, "JupyterLab Dark")
     save_screenshot(page, "cluster-panel-dark")
