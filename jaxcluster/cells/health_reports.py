@@ -1,6 +1,7 @@
 """What a cell's watcher tells the running cluster's health feed (``cluster/health_feed.py``):
-each of its processes' state, as the watcher knows it, and its latest line of output; and what
-the processes say of their memory when asked (``ask_memory``)."""
+each of its processes' state, as the watcher knows it, its latest line of output and its stack
+when looked at; and what the processes say of their memory when asked (``ask_memory``). Viewers
+of the feed answer back through it: whether one looks, and the interrupts they ask for."""
 
 from __future__ import annotations
 
@@ -37,6 +38,14 @@ class CellReports:
         self._cell = cell
         self._lengths: dict[int, tuple[int, int]] = {}  # stdout's and stderr's, last reported
         self._last_lines: dict[int, str] = {}
+        feed.interrupts()  # asked before this cell began: not for it
+
+    @property
+    def watched(self) -> bool:
+        return self._feed.watched
+
+    def interrupts(self) -> list[int | None]:
+        return self._feed.interrupts()
 
     def report(self, result: SPMDResult) -> None:
         self._feed.report_cell({p.process_index: self._health(p) for p in result.processes})
@@ -53,7 +62,7 @@ class CellReports:
         elif proc.program:
             state = WAITING
         return ProcessHealth(index, state, cell=self._cell, program=proc.program,
-                             prompt=proc.asking, last_line=last_line)
+                             prompt=proc.asking, last_line=last_line, stack=proc.looked)
 
     def _last_line(self, proc: ProcessOutput) -> str:
         """The last line of the stream that grew last."""

@@ -27,6 +27,7 @@ class ProcessOutput:
     where: str = ""  # where a running process was last seen: "cell line 3"
     asking: str = ""  # the prompt of the input (or debugger) it waits on an answer to
     program: str = ""  # the multi-process program it was last seen waiting in
+    looked: str = ""  # its stack when last looked at while it ran
 
 
 @dataclass

@@ -36,6 +36,8 @@ DEATH_GRACE = 1.0  # seconds the others get to finish after one process died
 FIRST_WAIT = 0.5
 HEALTH_EVERY = 0.5  # how often the engines of running processes are checked for deaths
 UPDATE_EVERY = 0.25  # how often streamed output is passed on
+LOOK_EVERY = 1.0  # how often running processes are looked at while a viewer watches the feed
+LOOK_WAIT = 0.5  # seconds a look waits for an answer: one that holds the GIL is looked at next time
 
 
 Update = Callable[[SPMDResult], None]
@@ -165,6 +167,7 @@ class _Watcher:
         while True:
             now = time.monotonic()
             self._collect(self.cell.metadata())
+            self._viewers(now)
             self._report()
             if self.press.pressed.is_set():  # the stop button (``interrupts``)
                 self.stop_running("interrupt")
@@ -190,6 +193,18 @@ class _Watcher:
             _, pending = concurrent.futures.wait(
                 pending, timeout=wait, return_when=concurrent.futures.FIRST_COMPLETED
             )
+
+    def _viewers(self, now: float) -> None:
+        """What viewers of the health feed ask: interrupts (of all: the stop button's), and,
+        while one watches, where running processes are (before any ended: after, probes do)."""
+        for index in self.reports.interrupts():
+            if index is None:
+                self.press.pressed.set()
+            elif index in self.procs and self.procs[index].state == "running":
+                self.cell.interrupt([index])
+        if self.first_end is None and now >= self.next_probe and self.reports.watched:
+            self.next_probe = now + LOOK_EVERY
+            self._probe(judge=False, within=LOOK_WAIT)
 
     def _answer_reads(self, on_update: Update | None) -> bool:
         """Ask the front end for the processes' reads of stdin, if some wait; True if so."""
@@ -355,16 +370,17 @@ class _Watcher:
                 return True
         return False
 
-    def _probe(self, judge: bool) -> dict[int, hang.Wait]:
+    def _probe(self, judge: bool, within: float = evidence.WAIT) -> dict[int, hang.Wait]:
         """Look at the running processes: where they are, and (``judge``) which of them wait
         on processes that will never come."""
         running = [p.process_index for p in self.result.processes if p.state == "running"]
         if not running:
             return {}
-        found = evidence.where(self.cluster.calls, running)
+        found = evidence.where(self.cluster.calls, running, within)
         stacks = {i: w.stack for i, w in found.items()}
         records = {i: w.record for i, w in found.items()}
         for index in running:
+            self.procs[index].looked = stacks.get(index, "")
             self.procs[index].where = hang.where(stacks.get(index))
             self.procs[index].asking = found[index].asking if index in found else ""
             record = records.get(index) or {}

@@ -194,6 +194,7 @@ class JaxCluster(KeptClusters):
             options.nodes = len(engine_ids)
             cluster._running.take(distributed.adopt(client, engine_ids, options, None, progress))
             cluster._place(synced)
+            cluster._publish()  # for the panel
         except BaseException:
             cluster.stop()
             raise

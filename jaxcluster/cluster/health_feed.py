@@ -11,6 +11,10 @@ engine's answer: deaths (the launchers' records, the process table of this host,
 as ipyparallel's client last heard it) and the resident memory of engines on this host. It asks
 no engine anything, so it never waits on a busy main thread, never starts a collective, and
 never calls ipyparallel's client: that stays with the thread that runs cells.
+
+Viewers in other threads (the panel's socket, ``published.py``) read snapshots, say they look
+(``watch``: while one does, a running cell's watcher also looks at where its processes are),
+and ask for an interrupt, which the cell's watcher sends (``ask_interrupt``).
 """
 
 from __future__ import annotations
@@ -21,10 +25,11 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 
-from ..contracts import DEAD, DeviceMemory, HealthSnapshot, ProcessHealth
+from ..contracts import DEAD, IDLE, DeviceMemory, HealthSnapshot, ProcessHealth
 
 POLL_EVERY = 1.0  # seconds between the poller's looks
 MEMORY_EVERY = 2.0  # seconds at least between cells' ends that ask the processes' memory
+WATCHED_FOR = 3.0  # seconds a viewer's look keeps the feed watched
 JOIN_SECONDS = 5.0  # how long ``Poller.stop`` waits for a look in progress
 THREAD_NAME = "jaxcluster-health"
 
@@ -47,6 +52,8 @@ class HealthFeed:
         self._snapshot = HealthSnapshot()
         self._subscribers: dict[object, Subscriber] = {}
         self._memory_asked = float("-inf")  # ``time.monotonic()`` of the last ask
+        self._watched_until = float("-inf")  # ``time.monotonic()``
+        self._interrupts: list[int | None] = []  # asked by viewers, for the cell's watcher
         self.closed = False
 
     def snapshot(self) -> HealthSnapshot:
@@ -105,6 +112,29 @@ class HealthFeed:
         with self._lock:
             self._told.update((i, t) for i, t in told.items() if i in self._activity)
             self._publish()
+
+    def watch(self) -> None:
+        """A viewer looked: the feed counts as watched for ``WATCHED_FOR`` seconds more."""
+        self._watched_until = time.monotonic() + WATCHED_FOR
+
+    @property
+    def watched(self) -> bool:
+        return time.monotonic() < self._watched_until
+
+    def ask_interrupt(self, process: int | None) -> bool:
+        """A viewer's interrupt of ``process`` (None: every process) in the running cell, for
+        its watcher to send; False when no process runs a cell."""
+        with self._lock:
+            if all(p.state in (IDLE, DEAD) for p in self._snapshot.processes):
+                return False
+            self._interrupts.append(process)
+            return True
+
+    def interrupts(self) -> list[int | None]:
+        """The interrupts viewers asked for since the last call (a cell's watcher's)."""
+        with self._lock:
+            asked, self._interrupts = self._interrupts, []
+            return asked
 
     def close(self) -> None:
         with self._lock:

@@ -73,6 +73,17 @@ def verified(key: str, nonce: str, line: bytes) -> dict[str, Any] | None:
     return message
 
 
+def listening(path: str) -> bool:
+    """Whether a process listens on the Unix socket ``path`` (its pid may have been reused
+    since it wrote its record; its socket cannot be)."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        try:
+            probe.connect(path)
+        except OSError:
+            return False
+    return True
+
+
 def write_private(path: str, data: dict[str, Any]) -> None:
     """``data`` as JSON in a file only this user reads, replaced whole."""
     temporary = f"{path}.{os.getpid()}.tmp"

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import IO, Any
 
 from ..errors import ConfigError, JaxClusterError
-from .keeper import PREFIX, record_path, runtime_dir, signed, verified
+from .keeper import PREFIX, listening, record_path, runtime_dir, signed, verified
 
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z")
 START_SECONDS = 30  # for a keeper to write its record
@@ -94,13 +94,7 @@ class Kept:
 
     @property
     def alive(self) -> bool:
-        """Whether its keeper listens on its socket (a pid may have been reused since)."""
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
-            try:
-                probe.connect(str(self.record["socket"]))
-            except (OSError, KeyError):
-                return False
-        return True
+        return listening(str(self.record.get("socket", "")))
 
     @property
     def info(self) -> dict[str, Any]:

@@ -1,5 +1,6 @@
 """The part of ``JaxCluster`` that kept clusters add (``keep=True``): attach, detach, list,
-stop by name, and the keeper told what an attaching kernel takes (``reattach.py``)."""
+stop by name, and the keeper told what an attaching kernel takes (``reattach.py``); and the
+running cluster published for the JupyterLab panel (``published.py``), kept or not."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from typing import Any, TypeVar
 
 from ..cells import recovery
 from ..errors import ConfigError, JaxClusterError
-from . import kept, reattach
+from . import kept, published, reattach
 from .event_loop import LoopThread
 from .options import ClusterOptions
 from .running import RunningCluster
@@ -27,6 +28,7 @@ class KeptClusters:
     _hold: kept.Hold | None
     _loop: LoopThread
     last_cell: str = ""  # after an attach: how the latest cell sent to the processes went
+    _live: published.Published | None = None  # for the panel, from a start to a stop
 
     def stop(self) -> None:
         raise NotImplementedError
@@ -50,6 +52,7 @@ class KeptClusters:
         cluster.last_cell = reattach.last_cell(taken.running)
         with contextlib.suppress(ConfigError):  # a folder gone since: the hosts keep theirs
             cluster._place(cluster._checked_sync())  # edits here reach the hosts again
+        cluster._live = published.publish(cluster, None)
         return cluster
 
     def detach(self) -> None:
@@ -57,6 +60,7 @@ class KeptClusters:
         idle timeout). ``stop`` for a cluster that is not kept."""
         if self._hold is None:
             return self.stop()
+        self._unpublish()
         hold, self._hold = self._hold, None
         running, self._running = self._running, None
         if running is not None:
@@ -86,9 +90,13 @@ class KeptClusters:
         return keeper
 
     def _publish(self) -> None:
-        """What a kernel attaching to a kept cluster takes, told to its keeper (by a kernel
-        that attached and has not restarted it: only its setup cells are new)."""
-        if self._hold is None or self._running is None:
+        """The cluster published for the panel; what a kernel attaching to a kept cluster
+        takes, told to its keeper (by a kernel that attached and has not restarted it: only
+        its setup cells are new)."""
+        if self._running is None:
+            return
+        self._live = published.publish(self, self._live)
+        if self._hold is None:
             return
         if self._running.launched:
             reattach.publish(self._hold.kept, self._running, self.options, self.cluster_id,
@@ -96,8 +104,15 @@ class KeptClusters:
         else:
             self._hold.kept.update(setup_cells=kept.encode(self.setup_cells))
 
+    def _unpublish(self) -> None:
+        live, self._live = self._live, None
+        if live is not None:
+            live.close()
+
     def _end_kept(self) -> None:
-        """A kept cluster's stop: its keeper ends what it holds (lines, controller, engines)."""
+        """A stop: no longer published; a kept cluster's keeper ends what it holds (lines,
+        controller, engines)."""
+        self._unpublish()
         hold, self._hold = self._hold, None
         if hold is not None:
             with contextlib.suppress(JaxClusterError):  # a start that failed stopped it

@@ -333,6 +333,11 @@ OPTIONS: tuple[Option, ...] = (
         "same shardings, NumPy arrays, functions, whatever can be pickled; the rest is named).",
     ),
     Option(
+        None, ("--watch",), ("status",), Switch(),
+        help="status: the JupyterLab panel's rows, kept up to date in a widget under the cell "
+        "until the cluster stops (for the classic notebook and VS Code).",
+    ),
+    Option(
         None, ("--clear",), ("setup",), Switch(),
         help="setup: forget the setup cells (they are no longer replayed after a restart).",
     ),

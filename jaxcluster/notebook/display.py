@@ -202,6 +202,21 @@ def show_layout(layout: Mapping[str, Any]) -> None:
         show(render_sharding_text(layout), render_sharding_html(layout))
 
 
+def show_live_status(cluster: Any) -> None:
+    """``%jax_cluster status --watch``: in a notebook a widget kept up to date; elsewhere the
+    rows once."""
+    if in_notebook():
+        from .widgets import LiveStatus
+
+        display(LiveStatus(cluster, "JAX Cluster"))
+        return
+    from ..render.live import live_html, live_text, rows
+
+    shown = rows(cluster.health_feed.snapshot(),
+                 {p.process_index: p.host for p in cluster.processes}, time.time())
+    show(live_text(shown, "JAX Cluster"), live_html(shown, "JAX Cluster"))
+
+
 def show_all(items: Sequence[Shown]) -> None:
     """Show a cell's final outputs, planned by :func:`jaxcluster.render.cell.cell_outputs`."""
     for item in items:

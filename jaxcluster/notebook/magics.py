@@ -1,8 +1,7 @@
 """IPython glue: parse arguments, call the library, show the result. No logic of its own.
 
 Arguments are declared in :mod:`jaxcluster.notebook.magics_args`, output is planned by
-:mod:`jaxcluster.render` and shown by :mod:`jaxcluster.notebook.display`.
-"""
+:mod:`jaxcluster.render` and shown by :mod:`jaxcluster.notebook.display`."""
 
 from __future__ import annotations
 
@@ -22,7 +21,7 @@ from ..errors import SPMDError
 from ..render import cell as cell_render
 from ..render.devices import render_devices_html, render_devices_text
 from ..render.status import status_html, status_text
-from .display import LiveOutput, StartProgress, show, show_layout
+from .display import LiveOutput, StartProgress, show, show_layout, show_live_status
 from .magics_args import (
     check_options_apply,
     cluster_arguments,
@@ -206,6 +205,8 @@ class JaxClusterMagics(ClusterMagicsBase):
 
     def _status(self, args: Any) -> None:
         cluster = self.require_cluster()
+        if args.watch:  # the panel's rows, live, from the health feed: nobody is asked
+            return show_live_status(cluster)
         statuses = cluster.status()
         now = time.time()
         show(status_text(statuses, now), status_html(statuses, now))

@@ -6,11 +6,14 @@ notebook viewers (which cannot run widgets) still show the layout.
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Mapping
 from typing import Any
 
 import ipywidgets as widgets
 
+from jaxcluster.render.live import live_html, live_text, rows
 from jaxcluster.render.sharding import (
     render_shard_details_html,
     render_sharding_html,
@@ -19,7 +22,9 @@ from jaxcluster.render.sharding import (
     view_dims,
 )
 
-__all__ = ["ShardingWidget"]
+__all__ = ["LiveStatus", "ShardingWidget"]
+
+WATCH_EVERY = 1.0  # seconds between a watching status widget's looks at the health feed
 
 
 class ShardingWidget(widgets.VBox):
@@ -116,4 +121,49 @@ class ShardingWidget(widgets.VBox):
         bundle = dict(super()._repr_mimebundle_(**kwargs) or {})
         bundle["text/plain"] = render_sharding_text(self.sharding_layout, self._rows, self._cols)
         bundle["text/html"] = render_sharding_html(self.sharding_layout, self._rows, self._cols)
+        return bundle
+
+
+class LiveStatus(widgets.HTML):
+    """``%jax_cluster status --watch``: the JupyterLab panel's rows of ``cluster``'s processes,
+    from its health feed, redrawn every ``WATCH_EVERY`` seconds by a thread of its own until
+    the cluster stops or the widget is closed. It asks no process anything: it reads the feed,
+    and says it watches (so that a running cell's watcher looks where its processes are)."""
+
+    def __init__(self, cluster: Any, title: str, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._cluster, self._title = cluster, title
+        self._feed = cluster.health_feed
+        self._text = ""
+        self._closed = threading.Event()
+        self._look()
+        threading.Thread(target=self._follow, name="jaxcluster-status-watch", daemon=True).start()
+
+    def _look(self) -> bool:
+        """Redraw from the feed's latest snapshot; False once the cluster stopped."""
+        if self._feed.closed:
+            self._text = f"{self._title}: stopped"
+            self.value = f"<div><b>{self._text}</b></div>"
+            return False
+        self._feed.watch()
+        hosts = {p.process_index: p.host for p in self._cluster.processes}
+        shown = rows(self._feed.snapshot(), hosts, time.time())
+        self._text = live_text(shown, self._title)
+        drawn = live_html(shown, self._title)
+        if drawn != self.value:
+            self.value = drawn
+        return True
+
+    def _follow(self) -> None:
+        while not self._closed.wait(WATCH_EVERY) and self._look():
+            pass
+
+    def close(self) -> None:
+        self._closed.set()
+        super().close()
+
+    def _repr_mimebundle_(self, **kwargs: Any) -> dict[str, Any]:
+        bundle = dict(super()._repr_mimebundle_(**kwargs) or {})
+        bundle["text/plain"] = self._text
+        bundle["text/html"] = self.value
         return bundle

@@ -26,17 +26,17 @@ def _rows(statuses: Sequence[Any], now: float) -> list[list[object]]:
             f"{len(s.local_device_ids)} ({', '.join(map(str, s.local_device_ids))})",
             s.platform,
             s.state,
-            _doing(s.health, now),
+            doing(s.health, now),
             NOT_REPORTED if s.health is None or s.health.rss is None
             else format_bytes(s.health.rss),
-            _device_memory(s.health),
-            _last_line(s.health),
+            device_memory(s.health),
+            last_line(s.health),
         ]
         for s in statuses
     ]
 
 
-def _doing(health: Any, now: float) -> str:
+def doing(health: Any, now: float) -> str:
     """What the feed says it does, and for how long: ``running cell 7 for 12 s``."""
     if health is None or health.state not in DOING:
         return ""
@@ -46,7 +46,7 @@ def _doing(health: Any, now: float) -> str:
     return f"{what} for {max(0, now - health.since):.0f} s" if health.since else what
 
 
-def _device_memory(health: Any) -> str:
+def device_memory(health: Any) -> str:
     """In use and peak over its local devices, where JAX reports them."""
     devices = [] if health is None else health.device_memory
     in_use = [d.in_use for d in devices if d.in_use is not None]
@@ -57,7 +57,7 @@ def _device_memory(health: Any) -> str:
     return f"{text} (peak {format_bytes(sum(peak))})" if peak else text
 
 
-def _last_line(health: Any) -> str:
+def last_line(health: Any) -> str:
     line = "" if health is None else health.last_line
     return line if len(line) <= LAST_LINE else line[:LAST_LINE - 1] + "…"
 
