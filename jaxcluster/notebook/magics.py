@@ -12,7 +12,7 @@ from typing import Any
 
 from IPython.core.error import UsageError
 from IPython.core.magic import cell_magic, line_magic, magics_class, no_var_expand
-from IPython.core.magic_arguments import argument, magic_arguments
+from IPython.core.magic_arguments import magic_arguments
 from traitlets import Float, Int, TraitError, validate
 
 from ..cells.live import blocks
@@ -20,6 +20,7 @@ from ..cells.spmd import DEFAULT_HANG_AFTER
 from ..cluster.facade import JaxCluster
 from ..errors import SPMDError
 from ..render import cell as cell_render
+from ..render import profile as profile_render
 from ..render.devices import render_devices_html, render_devices_text
 from ..render.status import status_html, status_text
 from .display import LiveOutput, StartProgress, show, show_layout
@@ -30,9 +31,8 @@ from .magics_args import (
     name_argument,
     parse,
     process_option,
-    processes,
     processes_option,
-    seconds,
+    spmd_arguments,
     usage_errors,
 )
 from .magics_data import ClusterMagicsBase, in_range, process_spec
@@ -226,43 +226,7 @@ class JaxClusterMagics(ClusterMagicsBase):
         progress.finish(None if quiet else cluster.summary())
 
     @magic_arguments()
-    @processes_option(
-        "show only these processes' output: 0, 0,2, 1-3 or all (the cell runs on --targets). "
-        "Default all."
-    )
-    @argument(
-        "--targets",
-        default="all", type=processes("--targets"), metavar="SPEC",
-        help="run the cell only on these processes: 0, 0,2, 1-3 or all; the others are left "
-        "untouched. A program that needs processes outside them is reported as a hang. "
-        "Default all.",
-    )
-    @argument(
-        "--no-collapse",
-        action="store_true",
-        help="show every process's output separately, even where it is identical.",
-    )
-    @argument(
-        "--timeout",
-        type=seconds("--timeout", 600), metavar="S",
-        help="give up on the cell after this many seconds: interrupt the processes still "
-        "running; restart the whole cluster only if one cannot be stopped, died, or is left "
-        "with its collectives out of step.",
-    )
-    @argument(
-        "--hang-after",
-        type=seconds("--hang-after", 30), metavar="S",
-        help="once some processes have ended, seconds before the others are checked for a "
-        "hang: one that waits inside JAX for a process that ended without running the same "
-        "program. Busy processes are left to finish. Default "
-        f"{DEFAULT_HANG_AFTER:g} (setting: JaxClusterMagics.hang_after).",
-    )
-    @argument(
-        "--setup",
-        action="store_true",
-        help="a setup cell: once it has run cleanly on every process it ran on, it is replayed "
-        "on them after every restart (%%jax_cluster setup lists them).",
-    )
+    @spmd_arguments()
     @no_var_expand
     @cell_magic
     @usage_errors
@@ -355,10 +319,14 @@ class JaxClusterMagics(ClusterMagicsBase):
             on_restart=restart,
             # the shell counts the running cell already: it is the one before
             cell_number=getattr(self.shell, "execution_count", 1) - 1,
+            profile=args.profile,
         )
         # a cell given up on leads with its cause; the error below it holds what it rests on
         cause = cell_render.cause_shown(result)
         live.finish(outputs(result, final=True), head=cause)
+        if result.profile is not None:
+            show(profile_render.profile_text(result.profile),
+                 profile_render.profile_html(result.profile))
         if not result.ok:
             raise SPMDError(*cell_render.error_report(result, selected, collapsed,
                                                       cause=cause is None))
