@@ -24,7 +24,7 @@ from ..engine import profile as engine
 from ..errors import JaxClusterError
 from ..render.labels import process_label
 from .handle import ClusterHandle
-from .timeline import ProcessTrace, Summary, merge
+from .timeline import ProcessTrace, Summary, has_marks, merge
 
 ROUNDS = 8  # round trips per process for its clock's offset
 WAIT = 10.0  # seconds a process gets to answer one of the profile's calls
@@ -39,6 +39,7 @@ class CellProfile:
     """What a profiled cell left: where, its summary, and what the profile cost."""
 
     folder: str
+    run: str  # the profile's name on the hosts (their folders are removed once brought here)
     merged: str  # the merged trace's path
     summary: Summary
     overhead_s: float  # time the profile added to the cell, here
@@ -62,6 +63,12 @@ class Profiling:
             raise JaxClusterError(
                 f"{self.folder} already holds a profile: name another folder for --profile, "
                 "or remove that one.")
+        try:
+            os.makedirs(self.folder, exist_ok=True)
+        except OSError as e:
+            raise JaxClusterError(
+                f"the profile's folder {self.folder} cannot be made ({e.strerror}): name a "
+                "folder you can write to for --profile.") from None
         self.offsets = clock_offsets(self.cluster, self.processes)
         started, errors = self.cluster.calls.ask(
             {p: (engine.start_trace, (self.run, p)) for p in self.processes}, WAIT)
@@ -86,20 +93,20 @@ class Profiling:
         traces = []
         for p in sorted(traced):
             trace = self._write(p, files)
-            if trace is None:
-                missing.setdefault(p, "its trace did not arrive")
+            if trace is None or not has_marks(trace, traced[p]["which"]):
+                missing.setdefault(p, "its trace did not arrive whole")
                 continue
             cell = traced[p]
             took = (cell["ended"] - cell["began"]) if cell["ended"] and cell["began"] else None
             traces.append(ProcessTrace(p, self.cluster.processes[p].host, trace, cell["mark"],
-                                       self.offsets.get(p, (0.0, 0.0))[0], took))
+                                       cell["which"], self.offsets.get(p, (0.0, 0.0))[0], took))
         merged, summary, _ = merge(traces)
         path = os.path.join(self.folder, MERGED)
         with gzip.open(path, "wt") as f:
             json.dump(merged, f)
         self.spent += time.monotonic() - began
         trips = {p: rtt / 1e6 for p, (_, rtt) in self.offsets.items()}
-        return CellProfile(self.folder, path, summary, self.spent, trips, missing)
+        return CellProfile(self.folder, self.run, path, summary, self.spent, trips, missing)
 
     def _take(self, processes: list[int]) -> tuple[dict[str, bytes], dict[int, str]]:
         """Each host's traces, asked once of the lowest of its processes."""

@@ -38,6 +38,7 @@ class ProcessTrace:
     host: str
     events: list[dict[str, Any]]
     mark_ns: int  # the process's clock at the mark
+    which: int  # which of its marks (in time order) that reading is of
     offset_ns: float  # the notebook's clock minus the process's
     cell_s: float | None = None  # the cell's wall time there
 
@@ -72,7 +73,8 @@ class Collective:
 
 
 def merge(traces: list[ProcessTrace]) -> tuple[dict[str, Any], Summary, list[list[Collective]]]:
-    """The merged trace (trace-event JSON), its summary, and each process's collectives."""
+    """The merged trace (trace-event JSON), its summary, and each process's collectives; every
+    trace holds its marks (``has_marks``)."""
     shifts = {t.process_index: _shift(t) for t in traces}
     origin = min(shifts.values(), default=0.0)
     merged: list[dict[str, Any]] = []
@@ -100,12 +102,14 @@ def merge(traces: list[ProcessTrace]) -> tuple[dict[str, Any], Summary, list[lis
     return {"displayTimeUnit": "ns", "traceEvents": merged}, summary, collectives
 
 
+def has_marks(events: list[dict[str, Any]], which: int) -> bool:
+    return sum(1 for e in events if e.get("name") == MARK and "ts" in e) > which
+
+
 def _shift(trace: ProcessTrace) -> float:
     """What moves the trace's timestamps onto the notebook's clock, in µs."""
-    mark = next((e["ts"] for e in trace.events if e.get("name") == MARK and "ts" in e), None)
-    if mark is None:
-        raise ValueError(f"process {trace.process_index}'s trace has no clock mark")
-    return (trace.mark_ns + trace.offset_ns) / 1000 - mark
+    marks = sorted(e["ts"] for e in trace.events if e.get("name") == MARK and "ts" in e)
+    return (trace.mark_ns + trace.offset_ns) / 1000 - marks[trace.which]
 
 
 def _operations(events: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:

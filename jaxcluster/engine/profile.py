@@ -18,6 +18,7 @@ from . import cells
 
 RUNS = "jaxcluster-profile"  # below this host's temporary directory: one folder per profile
 MARK = "jaxcluster clock"  # the trace event whose start is the clock reading beside it
+MARK_TRIES = 5
 _tracing: dict[str, Any] = {}  # the trace in progress: its folder and its mark's clock reading
 
 
@@ -35,22 +36,36 @@ def start_trace(run: str, process: int) -> str:
         _tracing.clear()
     folder = os.path.join(tempfile.gettempdir(), RUNS, run, f"process-{process}")
     jax.profiler.start_trace(folder, create_perfetto_trace=True)
-    with jax.profiler.TraceAnnotation(MARK):
-        mark = time.time_ns()
-    _tracing.update(folder=folder, mark=mark)
+    which, reading = _mark()
+    _tracing.update(folder=folder, mark=reading, which=which)
     return folder
 
 
+def _mark() -> tuple[int, int]:
+    """Put the marks in the trace; which one to go by (0: the first) and the clock's reading
+    at its start. Each mark begins between two readings; of several, the one whose pair is
+    tightest is kept (a thread switched out between them would blur it)."""
+    import jax
+
+    best = (float("inf"), 0, 0)
+    for k in range(MARK_TRIES):
+        before = time.time_ns()
+        with jax.profiler.TraceAnnotation(MARK):
+            after = time.time_ns()
+        best = min(best, (after - before, k, (before + after) // 2))
+    return best[1], best[2]
+
+
 def stop_trace() -> dict[str, Any]:
-    """End this process's trace: its folder, the mark's clock reading (ns), and when the
-    latest cell began and ended here (``time.time``); {} when none was traced."""
+    """End this process's trace: its folder, which mark to go by and its clock reading (ns),
+    and when the latest cell began and ended here (``time.time``); {} when none was traced."""
     import jax
 
     if not _tracing:
         return {}
     jax.profiler.stop_trace()
     cell = cells.last_cell()
-    traced = {"folder": _tracing["folder"], "mark": _tracing["mark"],
+    traced = {"folder": _tracing["folder"], "mark": _tracing["mark"], "which": _tracing["which"],
               "began": cell.get("began"), "ended": cell.get("ended")}
     _tracing.clear()
     return traced
