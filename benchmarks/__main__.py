@@ -1,5 +1,5 @@
 """``python -m benchmarks [startup] [spmd] [dispatch] [data] [scale] [hosts] [reads] [pod]
-[keep] [--repeat N] [--pairs N] [--sizes 1,4,16] [--quick]``."""
+[keep] [profile] [--repeat N] [--pairs N] [--sizes 1,4,16] [--quick]``."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ import traceback
 from . import _common
 from ._common import Settings, Table, kill_leftovers, leftover_processes, log
 
-BENCHMARKS = ("startup", "spmd", "dispatch", "data", "scale", "hosts", "reads", "pod", "keep")
+BENCHMARKS = ("startup", "spmd", "dispatch", "data", "scale", "hosts", "reads", "pod", "keep",
+              "profile")
 
 
 def _load(name: str):
