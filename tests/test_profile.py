@@ -20,6 +20,8 @@ import json
 import os
 
 import pytest
+from IPython.core.error import UsageError
+from IPython.utils.capture import capture_output
 
 from tests.conftest import magics_shell, run_spmd, shell_cluster
 
@@ -91,7 +93,7 @@ def test_a_profiled_cell_merges_every_process_on_one_clock_and_names_the_straggl
         hosts = {p.process_index: p.host for p in cluster.processes}
         shown, _ = run_spmd(shell, STRAGGLE, f"--profile {folder}")
         assert f"Profile: {folder / 'merged.trace.json.gz'}" in shown
-        assert "Straggler: process 2," in shown
+        assert "Straggler: process 2:" in shown
         assert "Profiling added" in shown
         for index in range(4):  # each process's own trace beside it, for xprof
             traced = [n for _, _, names in os.walk(folder / f"process-{index}") for n in names]
@@ -102,6 +104,20 @@ def test_a_profiled_cell_merges_every_process_on_one_clock_and_names_the_straggl
         # off, nothing is traced
         result = cluster.run("print(total(x))").check()
         assert result.profile is None
+        # several cells in one profile
+        with capture_output() as captured:
+            shell.run_line_magic("jax_profile", f"start {tmp_path / 'cells'}")
+        assert str(tmp_path / "cells") in captured.stdout
+        with pytest.raises(UsageError, match="A profile is running"):
+            shell.run_cell_magic("spmd", "--profile", STRAGGLE)
+        run_spmd(shell, "print(total(x))")
+        run_spmd(shell, STRAGGLE)
+        with capture_output() as captured:
+            shell.run_line_magic("jax_profile", "stop")
+        shown = captured.outputs[0].data["text/plain"]
+        assert f"Profile: {tmp_path / 'cells' / 'merged.trace.json.gz'}" in shown
+        assert "Straggler: process 2: the others waited" in shown
+        assert "at the 2 collective(s) every process ran" in shown
 
 
 def test_a_profile_on_two_hosts_brings_their_traces_from_their_own_tmp(tmp_path):

@@ -48,10 +48,13 @@ class CellProfile:
 
 
 class Profiling:
-    """A profile in progress over ``processes``; ``folder``: where it ends up."""
+    """A profile in progress over ``processes``; ``folder``: where it ends up; ``cells``: of
+    one cell, whose wall time on each process the summary gives (not of several:
+    ``%jax_profile``)."""
 
-    def __init__(self, cluster: ClusterHandle, processes: list[int], folder: str) -> None:
-        self.cluster, self.processes = cluster, processes
+    def __init__(self, cluster: ClusterHandle, processes: list[int], folder: str,
+                 cells: bool = True) -> None:
+        self.cluster, self.processes, self.cells = cluster, processes, cells
         self.folder = os.path.abspath(os.path.expanduser(folder))
         self.run = uuid.uuid4().hex[:12]
         self.offsets: dict[int, tuple[float, float]] = {}
@@ -87,6 +90,8 @@ class Profiling:
         stopped, missing = self.cluster.calls.call(self.processes, engine.stop_trace,
                                                    timeout=WAIT)
         missing.update({p: "still running" for p in stopped if p not in idle})
+        missing.update({p: "its trace ended with its engine (a restart)"
+                        for p, s in stopped.items() if not s})
         traced = {p: s for p, s in stopped.items() if p in idle and s}
         files, lost = self._take(sorted(traced))
         missing.update(lost)
@@ -97,7 +102,8 @@ class Profiling:
                 missing.setdefault(p, "its trace did not arrive whole")
                 continue
             cell = traced[p]
-            took = (cell["ended"] - cell["began"]) if cell["ended"] and cell["began"] else None
+            took = (cell["ended"] - cell["began"]) if (
+                self.cells and cell["ended"] and cell["began"]) else None
             traces.append(ProcessTrace(p, self.cluster.processes[p].host, trace, cell["mark"],
                                        cell["which"], self.offsets.get(p, (0.0, 0.0))[0], took))
         merged, summary, _ = merge(traces)

@@ -36,10 +36,11 @@ from .magics_args import (
     usage_errors,
 )
 from .magics_data import ClusterMagicsBase, in_range, process_spec
+from .magics_profile import ProfileMagics
 
 
 @magics_class
-class JaxClusterMagics(ClusterMagicsBase):
+class JaxClusterMagics(ProfileMagics):
     """The ``%jax_cluster`` family of magics; holds the notebook's current cluster.
 
     Settings (``%config JaxClusterMagics.hang_after = 30``, or ``c.JaxClusterMagics...`` in
@@ -267,6 +268,7 @@ class JaxClusterMagics(ClusterMagicsBase):
         """
         args = parse(self.spmd, line)
         cluster = self.require_cluster()
+        self.check_no_profile(args.profile)
         targets = process_spec(args.targets, cluster, "--targets")
         selected = [i for i in process_spec(args.process, cluster, "-p/--process")
                     if i in targets]
@@ -383,6 +385,7 @@ class JaxClusterMagics(ClusterMagicsBase):
     # declared in magics_data, registered here with the others
     spmd_pull = line_magic(ClusterMagicsBase.spmd_pull)
     spmd_push = line_magic(ClusterMagicsBase.spmd_push)
+    jax_profile = line_magic(ProfileMagics.jax_profile)
 
     def stop_all(self) -> None:
         if self.cluster is not None:

@@ -15,7 +15,7 @@ HEADERS = ("process", "host", "cell", "multi-process programs", "in collectives"
 
 def _seconds(value: float | None) -> str:
     if value is None:
-        return "?"
+        return "—"
     return f"{value * 1000:.1f} ms" if value < 1 else f"{value:.2f} s"
 
 
@@ -32,9 +32,9 @@ def lines(profile: Any, viewer: str | None = None) -> list[str]:
     said = [f"Profile: {profile.merged} (one process group per JAX process; each process's "
             f"own trace beside it, in {profile.folder}/process-N)"]
     if summary.straggler is not None:
-        said.append(f"Straggler: process {summary.straggler}, which came last to "
-                    f"{summary.collectives} collective(s) the others waited in, "
-                    f"{_seconds(summary.late_s)} after the next latest in all.")
+        said.append(f"Straggler: process {summary.straggler}: the others waited "
+                    f"{_seconds(summary.late_s)} for it, in all, at the {summary.collectives} "
+                    "collective(s) every process ran.")
     elif summary.collectives:
         said.append(f"No straggler: the processes came to {summary.collectives} collective(s) "
                     "together.")
