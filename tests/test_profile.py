@@ -25,8 +25,6 @@ from IPython.utils.capture import capture_output
 
 from tests.conftest import magics_shell, run_spmd, shell_cluster
 
-pytestmark = pytest.mark.cluster
-
 SETUP = """\
 import time
 import jax, jax.numpy as jnp
@@ -86,6 +84,7 @@ def aligned(profile_once, hosts: dict[int, str]) -> None:
     raise AssertionError(f"the psum's ends were this far apart (ms), in these spans: {seen}")
 
 
+@pytest.mark.cluster
 def test_a_profiled_cell_merges_every_process_on_one_clock_and_names_the_straggler(tmp_path):
     folder = tmp_path / "profile"
     with magics_shell("start --nodes 4 --devices-per-node 2", setup=SETUP) as shell:
@@ -120,6 +119,7 @@ def test_a_profiled_cell_merges_every_process_on_one_clock_and_names_the_straggl
         assert "at the 2 collective(s) every process ran" in shown
 
 
+@pytest.mark.cluster
 def test_a_profile_on_two_hosts_brings_their_traces_from_their_own_tmp(tmp_path):
     """2 honest hosts × 2 processes: each host's traces are written in its own /tmp, which this
     machine cannot read, and arrive over the cluster's channels."""
@@ -150,3 +150,24 @@ def test_a_profile_on_two_hosts_brings_their_traces_from_their_own_tmp(tmp_path)
             left = cluster.run("print(os.listdir(os.path.join(tempfile.gettempdir(), "
                                "'jaxcluster-profile')))").check()
             assert {p.stdout.strip() for p in left.processes} == {"[]"}
+
+
+def test_the_summary_renders_as_text_and_html_with_a_plain_twin():
+    from jaxcluster.cells.profile import CellProfile
+    from jaxcluster.cells.timeline import ProcessSummary, Summary
+    from jaxcluster.render.profile import profile_html, profile_text
+
+    summary = Summary([ProcessSummary(i, "h<1>", 0.31, 0.3 if i != 2 else 0.001, 0.0, 0.0,
+                                      0.3, 0.1) for i in range(4)], straggler=2, late_s=0.3,
+                      collectives=1)
+    profile = CellProfile("/p", "run", "/p/merged.trace.json.gz", summary, 0.25,
+                          missing={3: "still running"})
+    text = profile_text(profile)
+    assert "Straggler: process 2: the others waited 300.0 ms" in text
+    assert "process 3 has no trace: still running." in text
+    assert "Profiling added 250.0 ms" in text
+    assert text.splitlines()[1].split() == ["process", "host", "cell", "multi-process",
+                                           "programs", "in", "collectives", "computing",
+                                           "host-device", "transfers", "clock", "offset"]
+    page = profile_html(profile, viewer="http://127.0.0.1:1/?a=1&b=2")
+    assert "h&lt;1&gt;" in page and 'href="http://127.0.0.1:1/?a=1&amp;b=2"' in page

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..engine import profile as engine
-from ..errors import JaxClusterError
+from ..errors import ConfigError, JaxClusterError
 from ..render.labels import process_label
 from .handle import ClusterHandle
 from .timeline import ProcessTrace, Summary, has_marks, merge
@@ -63,13 +63,13 @@ class Profiling:
     def start(self) -> Profiling:
         began = time.monotonic()
         if os.path.exists(os.path.join(self.folder, MERGED)):
-            raise JaxClusterError(
+            raise ConfigError(
                 f"{self.folder} already holds a profile: name another folder for --profile, "
                 "or remove that one.")
         try:
             os.makedirs(self.folder, exist_ok=True)
         except OSError as e:
-            raise JaxClusterError(
+            raise ConfigError(
                 f"the profile's folder {self.folder} cannot be made ({e.strerror}): name a "
                 "folder you can write to for --profile.") from None
         self.offsets = clock_offsets(self.cluster, self.processes)
@@ -142,7 +142,10 @@ class Profiling:
             with open(path, "wb") as f:
                 f.write(content)
             if name.endswith(PERFETTO):
-                events = json.loads(gzip.decompress(content))["traceEvents"]
+                try:
+                    events = json.loads(gzip.decompress(content))["traceEvents"]
+                except (OSError, ValueError, KeyError):
+                    return None  # cut short, or not what jax.profiler writes: no trace
         return events
 
 

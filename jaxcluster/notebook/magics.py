@@ -247,6 +247,11 @@ class JaxClusterMagics(ProfileMagics):
         a failed collective or programs dispatched unequally); a restart loses every
         process's state and replays the setup cells (--setup), each on its --targets.
 
+        With --profile the cell is traced with jax.profiler on every process it runs on; the
+        traces come here, are merged into one trace on this machine's clock (one process group
+        per process), and a summary follows the output: each process's time in multi-process
+        programs, computing and transfers, the straggler, and what profiling added.
+
         With --targets the cell runs on those processes alone; the others do not run it and
         keep their state. A multi-process program there that needs a process outside the
         targets can never finish: it is reported as a hang that names those processes.
