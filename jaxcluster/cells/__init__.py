@@ -5,7 +5,8 @@ offers ``spmd`` (``run``, ``SPMDResult``), ``calls`` (a function run as a cell),
 processes by index: inbox, back channel or ipyparallel), ``interrupts`` (the stop button, noted
 while a cell runs), ``health_reports`` (what the health feed is told: ``ask_memory``),
 ``handle`` (what cells and data need of a cluster), ``carry`` (each process's state across a
-restart) and ``profile`` (one profile of every process, merged on one clock)."""
+restart), ``profile`` (one profile of every process, merged on one clock) and
+``profile_viewer`` (xprof, serving the latest profile)."""
 
 __all__ = ["calls", "carry", "handle", "health_reports", "interrupts", "live", "process_calls",
-           "profile", "recovery", "spmd"]
+           "profile", "profile_viewer", "recovery", "spmd"]

@@ -23,8 +23,9 @@ from typing import Any
 from ..engine import profile as engine
 from ..errors import ConfigError, JaxClusterError
 from ..render.labels import process_label
+from . import xplane
 from .handle import ClusterHandle
-from .timeline import ProcessTrace, Summary, has_marks, merge
+from .timeline import ProcessTrace, Summary, has_marks, merge, shifts
 
 ROUNDS = 8  # round trips per process for its clock's offset
 WAIT = 10.0  # seconds a process gets to answer one of the profile's calls
@@ -32,6 +33,8 @@ TAKE_WAIT = 120.0  # seconds a host gets to hand over its traces
 MERGED = "merged.trace.json.gz"
 DEFAULTS = "jaxcluster-profiles"  # where profiles go that name no folder, below the cwd
 PERFETTO = "perfetto_trace.json.gz"  # what jax.profiler writes beside its .xplane.pb
+XPLANE = ".xplane.pb"
+SESSION = "all-processes"  # the xprof session of every process on one clock
 
 
 @dataclass
@@ -110,6 +113,7 @@ class Profiling:
         path = os.path.join(self.folder, MERGED)
         with gzip.open(path, "wt") as f:
             json.dump(merged, f)
+        self._align_xplanes(files, shifts(traces))
         self.spent += time.monotonic() - began
         trips = {p: rtt / 1e6 for p, (_, rtt) in self.offsets.items()}
         return CellProfile(self.folder, self.run, path, summary, self.spent, trips, missing)
@@ -129,6 +133,18 @@ class Profiling:
                 for group in hosts.values() for first in [group[0]] if first in errors
                 for p in group}
         return files, lost
+
+    def _align_xplanes(self, files: dict[str, bytes], moves: dict[int, float]) -> None:
+        """Each process's ``.xplane.pb`` moved as the merged trace moved its events, as one
+        xprof session with a host per process (``SESSION``)."""
+        session = os.path.join(self.folder, "plugins", "profile", SESSION)
+        for process, move in moves.items():
+            prefix = f"process-{process}{os.sep}"
+            found = [n for n in files if n.startswith(prefix) and n.endswith(XPLANE)]
+            if found:
+                os.makedirs(session, exist_ok=True)
+                with open(os.path.join(session, f"process-{process}{XPLANE}"), "wb") as f:
+                    f.write(xplane.shift_lines(files[found[0]], round(move * 1000)))
 
     def _write(self, process: int, files: dict[str, bytes]) -> list[dict[str, Any]] | None:
         """Write ``process``'s files under the folder; its trace's events, None if it has none."""

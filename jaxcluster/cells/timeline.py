@@ -75,12 +75,11 @@ class Collective:
 def merge(traces: list[ProcessTrace]) -> tuple[dict[str, Any], Summary, list[list[Collective]]]:
     """The merged trace (trace-event JSON), its summary, and each process's collectives; every
     trace holds its marks (``has_marks``)."""
-    shifts = {t.process_index: _shift(t) for t in traces}
-    origin = min(shifts.values(), default=0.0)
+    moves = shifts(traces)
     merged: list[dict[str, Any]] = []
     summaries, collectives = [], []
     for trace in traces:
-        index, shift = trace.process_index, shifts[trace.process_index] - origin
+        index, shift = trace.process_index, moves[trace.process_index]
         merged += [
             {"ph": "M", "pid": index, "name": "process_name",
              "args": {"name": f"process {index} ({trace.host})"}},
@@ -100,6 +99,14 @@ def merge(traces: list[ProcessTrace]) -> tuple[dict[str, Any], Summary, list[lis
     summary = Summary(summaries, collectives=len(_common(collectives)))
     summary.straggler, summary.late_s = _straggler(collectives, [t.process_index for t in traces])
     return {"displayTimeUnit": "ns", "traceEvents": merged}, summary, collectives
+
+
+def shifts(traces: list[ProcessTrace]) -> dict[int, float]:
+    """What moves each process's timestamps onto the merged trace's clock, in µs: onto the
+    notebook's clock, from the earliest mark on."""
+    onto = {t.process_index: _shift(t) for t in traces}
+    origin = min(onto.values(), default=0.0)
+    return {index: shift - origin for index, shift in onto.items()}
 
 
 def has_marks(events: list[dict[str, Any]], which: int) -> bool:

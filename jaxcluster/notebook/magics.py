@@ -20,7 +20,6 @@ from ..cells.spmd import DEFAULT_HANG_AFTER
 from ..cluster.facade import JaxCluster
 from ..errors import SPMDError
 from ..render import cell as cell_render
-from ..render import profile as profile_render
 from ..render.devices import render_devices_html, render_devices_text
 from ..render.status import status_html, status_text
 from .display import LiveOutput, StartProgress, show, show_layout
@@ -36,7 +35,7 @@ from .magics_args import (
     usage_errors,
 )
 from .magics_data import ClusterMagicsBase, in_range, process_spec
-from .magics_profile import ProfileMagics
+from .magics_profile import ProfileMagics, show_profile
 
 
 @magics_class
@@ -332,8 +331,7 @@ class JaxClusterMagics(ProfileMagics):
         cause = cell_render.cause_shown(result)
         live.finish(outputs(result, final=True), head=cause)
         if result.profile is not None:
-            show(profile_render.profile_text(result.profile),
-                 profile_render.profile_html(result.profile))
+            show_profile(result.profile)
         if not result.ok:
             raise SPMDError(*cell_render.error_report(result, selected, collapsed,
                                                       cause=cause is None))

@@ -10,7 +10,8 @@ from typing import Any
 from IPython.core.error import UsageError
 from IPython.core.magic_arguments import argument, magic_arguments
 
-from ..cells.profile import Profiling, folder_for
+from ..cells import profile_viewer
+from ..cells.profile import CellProfile, Profiling, folder_for
 from ..render import profile as profile_render
 from .display import show
 from .magics_args import parse, usage_errors
@@ -73,8 +74,7 @@ class ProfileMagics(ClusterMagicsBase):
             raise UsageError("The cluster that profile traced is no longer running: its traces "
                              "ended with it. Start a new one with %jax_profile start [DIR].")
         dead = profiling.cluster.dead_processes()
-        profile = profiling.finish([p for p in profiling.processes if p not in dead])
-        show(profile_render.profile_text(profile), profile_render.profile_html(profile))
+        show_profile(profiling.finish([p for p in profiling.processes if p not in dead]))
 
     def _gone(self, profiling: Profiling) -> bool:
         """Whether the cluster ``profiling`` traces stopped (or is not this notebook's now)."""
@@ -86,3 +86,9 @@ class ProfileMagics(ClusterMagicsBase):
             raise UsageError(f"A profile is running (%jax_profile start, into "
                              f"{self.profiling.folder}): this cell is in it already. Leave out "
                              "--profile, or end that profile with %jax_profile stop first.")
+
+
+def show_profile(profile: CellProfile) -> None:
+    """A profile's summary, with the link that opens it in xprof where xprof is installed."""
+    viewer = profile_viewer.serve(profile)
+    show(profile_render.profile_text(profile, viewer), profile_render.profile_html(profile, viewer))
