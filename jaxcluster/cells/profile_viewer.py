@@ -4,7 +4,8 @@ for the latest profile's folder, with every process of it side by side on the no
 
 One server at a time: the next profile's replaces it, and it ends with this process (at exit,
 or with it: ``PR_SET_PDEATHSIG``). Without xprof there is no link; the merged trace still opens
-in Perfetto or ``about:tracing``. xprof's server listens as ``xprof`` does, on every interface.
+in Perfetto or ``about:tracing``. Its page listens on 127.0.0.1 (``xprof_server``); xprof's
+own worker (gRPC, which the page asks for a trace) on every interface, as xprof starts it.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ def serve(profile: Any) -> str | None:
         log = open(os.path.join(profile.folder, "xprof.log"), "wb")  # noqa: SIM115
         with log:
             process = subprocess.Popen(
-                [sys.executable, "-m", "xprof.server", "--logdir", profile.folder,
+                [sys.executable, "-m", f"{__package__}.xprof_server", "--logdir", profile.folder,
                  "--port", str(port), "--grpc_port", str(worker),
                  "--worker_service_address", f"127.0.0.1:{worker}",
                  "--hide_capture_profile_button"],
