@@ -67,7 +67,7 @@ def end_spread(profile, hosts: dict[int, str]) -> tuple[float, dict]:
     spans = psum_spans(merged)
     assert sorted(spans) == sorted(hosts)
     # causality on the one clock: the others waited for process 2 (less the clocks' error)
-    assert all(ends > spans[2][0] - 1.0 for _, ends in spans.values()), spans
+    assert all(ends > spans[2][0] - ALIGNED_MS for _, ends in spans.values()), spans
     assert all(spans[2][0] - begins > 250 for i, (begins, _) in spans.items() if i != 2), spans
     ends = [ends for _, ends in spans.values()]
     return max(ends) - min(ends), spans

@@ -20,7 +20,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-MARK = "jaxcluster clock"  # engine/profile.py's mark
+from ..engine.profile import MARK
+
 COLLECTIVE = re.compile(
     r"all[-_]?reduce|all[-_]?gather|reduce[-_]?scatter|all[-_]?to[-_]?all|collective[-_]?permute"
     r"|psum|pmax|pmin|pmean|ppermute|pbroadcast", re.IGNORECASE)
@@ -73,8 +74,8 @@ class Collective:
 
 
 def merge(traces: list[ProcessTrace]) -> tuple[dict[str, Any], Summary, list[list[Collective]]]:
-    """The merged trace (trace-event JSON), its summary, and each process's collectives; every
-    trace holds its marks (``has_marks``)."""
+    """The merged trace (trace-event JSON), its summary, and each process's collectives. Every
+    trace holds the mark it names (``has_marks``)."""
     moves = shifts(traces)
     merged: list[dict[str, Any]] = []
     summaries, collectives = [], []
