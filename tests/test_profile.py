@@ -117,6 +117,13 @@ def test_a_profiled_cell_merges_every_process_on_one_clock_and_names_the_straggl
         assert f"Profile: {tmp_path / 'cells' / 'merged.trace.json.gz'}" in shown
         assert "Straggler: process 2: the others waited" in shown
         assert "at the 2 collective(s) every process ran" in shown
+        # the same from Python
+        import jaxcluster
+
+        with jaxcluster.profiled(cluster, str(tmp_path / "api")) as held:
+            cluster.run(STRAGGLE).check()
+        assert held.profile.summary.straggler == 2
+        assert held.profile.merged == str(tmp_path / "api" / "merged.trace.json.gz")
 
 
 @pytest.mark.cluster

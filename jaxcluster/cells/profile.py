@@ -11,12 +11,14 @@ clock (``timeline.py``): ``merged.trace.json.gz``. What the profile itself cost 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import gzip
 import json
 import os
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -190,6 +192,27 @@ def clock_offsets(cluster: ClusterHandle, processes: list[int],
 
 def _arrived(arrived: dict[int, int], process: int, _: object) -> None:
     arrived.setdefault(process, time.time_ns())  # on the client's IO thread, as the reply comes
+
+
+class Profiled:
+    """What ``profiled`` yields: ``profile``, the ``CellProfile``, once the block has ended."""
+
+    profile: CellProfile | None = None
+
+
+@contextlib.contextmanager
+def profiled(cluster: ClusterHandle, folder: str | None = None) -> Iterator[Profiled]:
+    """One profile of every process of ``cluster`` over the block's cells (what
+    ``%jax_profile start`` and ``stop`` take), into ``folder`` (default
+    ``jaxcluster-profiles/TIME``); the processes that died meanwhile have no trace."""
+    profiling = Profiling(cluster, [p.process_index for p in cluster.processes],
+                          folder_for(folder or True, None), cells=False).start()
+    held = Profiled()
+    try:
+        yield held
+    finally:
+        dead = cluster.dead_processes()
+        held.profile = profiling.finish([p for p in profiling.processes if p not in dead])
 
 
 def folder_for(profile: str | bool, cell_number: int | None) -> str:
