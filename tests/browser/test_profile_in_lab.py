@@ -59,6 +59,9 @@ def test_the_profile_opens_in_xprof_offline(lab_server, browser_page):
         trace.get_by_text(f"process-{index} /host:CPU").first.wait_for(state="attached")
     viewer.wait_for_timeout(2_000)  # the tracks drawn
     save_screenshot(viewer, "profile-in-xprof")
+    trace.get_by_text("Collapse All").first.click()  # the four processes' groups, one above another
+    viewer.wait_for_timeout(1_000)
+    save_screenshot(viewer, "profile-in-xprof-processes")
     assert not [url for url in refused if "/data/plugin/profile/data" in url]
 
 
