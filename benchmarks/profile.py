@@ -9,6 +9,7 @@ round trips, traces started, stopped, brought here and merged, the summary shown
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 
@@ -47,12 +48,19 @@ def run(settings: Settings) -> Table:
 
 
 def _profiled(session: Session, folder: str, count: int) -> tuple[list[float], list[float]]:
-    """``count`` interleaved pairs of the trivial cell with and without ``--profile``."""
+    """``count`` interleaved pairs of the trivial cell with and without ``--profile``, each
+    profile in its default folder (under ``folder``, the working directory meanwhile)."""
     on: list[float] = []
     off: list[float] = []
-    for i in range(count):
-        for profiled in ((True, False) if i % 2 == 0 else (False, True)):
-            line = f"--profile {folder}/{i}" if profiled else ""
-            (on if profiled else off).append(session.time_cell("spmd", line, TRIVIAL)[0])
-        log(f"profiled {i + 1}/{count}: medians on {median(on):.4f} s, off {median(off):.4f} s")
+    here = os.getcwd()
+    os.chdir(folder)
+    try:
+        for i in range(count):
+            for profiled in ((True, False) if i % 2 == 0 else (False, True)):
+                line = "--profile" if profiled else ""
+                (on if profiled else off).append(session.time_cell("spmd", line, TRIVIAL)[0])
+            log(f"profiled {i + 1}/{count}: medians on {median(on):.4f} s, "
+                f"off {median(off):.4f} s")
+    finally:
+        os.chdir(here)
     return on, off

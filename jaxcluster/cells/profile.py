@@ -220,4 +220,9 @@ def folder_for(profile: str | bool, cell_number: int | None) -> str:
     if isinstance(profile, str) and profile:
         return profile
     cell = f"cell-{cell_number}-" if cell_number is not None else ""
-    return os.path.join(DEFAULTS, cell + time.strftime("%Y%m%d-%H%M%S"))
+    base = os.path.join(DEFAULTS, cell + time.strftime("%Y%m%d-%H%M%S"))
+    folder, n = base, 1
+    while os.path.exists(folder):  # the same cell again within the second
+        n += 1
+        folder = f"{base}-{n}"
+    return folder
