@@ -6,7 +6,7 @@ processes by index: inbox, back channel or ipyparallel), ``interrupts`` (the sto
 while a cell runs), ``health_reports`` (what the health feed is told: ``ask_memory``),
 ``handle`` (what cells and data need of a cluster), ``carry`` (each process's state across a
 restart), ``profile`` (one profile of every process, merged on one clock) and
-``profile_viewer`` (xprof, serving the latest profile)."""
+``profile_viewer`` (xprof, serving the profiles)."""
 
 __all__ = ["calls", "carry", "handle", "health_reports", "interrupts", "live", "process_calls",
            "profile", "profile_viewer", "recovery", "spmd"]
