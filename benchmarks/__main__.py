@@ -1,5 +1,5 @@
 """``python -m benchmarks [startup] [spmd] [dispatch] [data] [scale] [hosts] [reads] [pod]
-[keep] [kept] [panel] [--repeat N] [--pairs N] [--sizes 1,4,16] [--quick]``."""
+[keep] [kept] [panel] [profile] [--repeat N] [--pairs N] [--sizes 1,4,16] [--quick]``."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from . import _common
 from ._common import Settings, Table, kill_leftovers, leftover_processes, log
 
 BENCHMARKS = ("startup", "spmd", "dispatch", "data", "scale", "hosts", "reads", "pod", "keep",
-              "kept", "panel")
+              "kept", "panel", "profile")
 
 
 def _load(name: str):

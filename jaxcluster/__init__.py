@@ -10,6 +10,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
+    from .cells.profile import profiled
     from .cluster.facade import JaxCluster
     from .contracts import ProcessInfo, ProcessStatus
     from .data import MeshSharding, Transfer
@@ -25,6 +26,7 @@ _LAZY = {
     "MeshSharding": ".data",
     "Transfer": ".data",
     "show_sharding": ".notebook.display",
+    "profiled": ".cells.profile",
     "ConfigError": ".errors",
     "JaxClusterError": ".errors",
     "NoClusterError": ".errors",
@@ -42,6 +44,7 @@ __all__ = [
     "SPMDError",
     "Transfer",
     "load_ipython_extension",
+    "profiled",
     "show_sharding",
     "unload_ipython_extension",
 ]

@@ -4,8 +4,9 @@ offers ``spmd`` (``run``, ``SPMDResult``), ``calls`` (a function run as a cell),
 (outputs as they come), ``recovery`` (setup cells, replayed), ``process_calls`` (calls to
 processes by index: inbox, back channel or ipyparallel), ``interrupts`` (the stop button, noted
 while a cell runs), ``health_reports`` (what the health feed is told: ``ask_memory``),
-``handle`` (what cells and data need of a cluster) and ``carry`` (each process's state across a
-restart)."""
+``handle`` (what cells and data need of a cluster), ``carry`` (each process's state across a
+restart), ``profile`` (one profile of every process, merged on one clock) and
+``profile_viewer`` (xprof, serving the profiles)."""
 
 __all__ = ["calls", "carry", "handle", "health_reports", "interrupts", "live", "process_calls",
-           "recovery", "spmd"]
+           "profile", "profile_viewer", "recovery", "spmd"]

@@ -47,6 +47,7 @@ class SPMDResult:
     carried: Any = None  # carry.Carried: the state the restart carried, if it did
     live: Relay | None = None  # every process's outputs, message by message, as they came
     values: Any = None  # global_values.Resolution: global arrays printed, and what they cost
+    profile: Any = None  # profile.CellProfile of a profiled cell
 
     @property
     def ok(self) -> bool:

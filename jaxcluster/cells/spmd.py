@@ -25,6 +25,7 @@ from . import asks, evidence, global_values, hang, health_reports, interrupts, r
 from .handle import ClusterHandle
 from .health_reports import CellReports
 from .live import Relay
+from .profile import Profiling, folder_for
 from .results import ProcessOutput, SPMDResult
 
 DEFAULT_HANG_AFTER = 10.0
@@ -54,6 +55,7 @@ def run(
     cell_number: int | None = None,
     on_input: asks.Ask | None = None,
     targets: list[int] | None = None,
+    profile: str | bool | None = None,
 ) -> SPMDResult:
     """Run ``code`` on every process of ``cluster`` (or on ``targets``, process indices) in
     lockstep and gather what each produced.
@@ -65,7 +67,8 @@ def run(
     execution count, which the processes' tracebacks and warnings then name. ``on_input``
     answers the processes' reads of stdin (default: this process's own ``input``). A program
     that needs processes outside ``targets`` never finishes: it is diagnosed as a hang that
-    names them.
+    names them. ``profile``: a folder (True: a new one) to write one profile of every
+    process's part of the cell into (``profile.py``), summarized in ``SPMDResult.profile``.
     """
     label = CELL_LABEL.format(cell_number) if cell_number is not None else None
     everyone = [p.process_index for p in cluster.processes]
@@ -74,6 +77,9 @@ def run(
                         outside=[i for i in everyone if i not in chosen])
     result.live = Relay(chosen)
     result.timeout = timeout
+    profiling = None
+    if profile is not None and profile is not False:
+        profiling = Profiling(cluster, chosen, folder_for(profile, cell_number)).start()
     began = time.monotonic()
     reports = CellReports(cluster.health_feed, cell_number)
     with interrupts.held() as press:
@@ -95,6 +101,9 @@ def run(
     view = cluster.view if not result.outside else cluster.client[
         [cluster.calls.engine_ids[i] for i in chosen]]  # the processes that printed them
     result.values = global_values.resolve(view if idle else None, result)
+    if profiling is not None:
+        result.profile = profiling.finish(
+            [p.process_index for p in result.processes if p.state in ("done", "error")])
     if result.failure and result.restart_reason:
         if on_update is not None:
             on_update(result)  # the report is shown now, not after the restart

@@ -2,7 +2,7 @@
 reference. It offers ``process``, ``topology``, ``bootstrap``, ``forking``, ``imports``, ``cells``,
 ``calls``, ``inbox``, ``backchannel``, ``dispatch``, ``values``, ``data``, ``sharding``, ``stdin``,
 ``sigint``, ``sync``, ``scripts``, ``introspect``, ``state`` (a process's state across a restart),
-``session`` (the hooks, installed in one order),
+``profile`` (a profiled cell's traces), ``session`` (the hooks, installed in one order),
 and one adapter per library whose internals it uses: ``jax_internals``, ``ipython_internals``,
 ``ipykernel_internals``, ``ipyparallel_internals``; ``__main__`` is every launcher's entry point
 (``python -m jaxcluster.engine``). IPython only where the engine's shell is needed."""
@@ -23,6 +23,7 @@ __all__ = [
     "ipython_internals",
     "jax_internals",
     "process",
+    "profile",
     "scripts",
     "session",
     "sharding",

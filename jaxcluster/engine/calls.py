@@ -3,7 +3,8 @@ envelope that the inbox (``inbox.py``) and the back channel (``backchannel.py``)
 
 ``CONTROL`` calls run on the control thread at once, also while the main thread is busy in a
 cell: where the main thread is, its memory and its devices', this cell's dispatch counts, an
-interrupt, the answer to a read of stdin, its state written before a restart (``state``).
+interrupt, the answer to a read of stdin, its state written before a restart (``state``), its
+clock and its trace started and stopped (``profile``).
 ``MAIN`` calls run on the main thread between requests, as an ipyparallel request would: a
 cell, a push's file assigned or released, the state put back after a restart. A
 request is JSON, ``{"call": name, "args": [...]}``, never a pickle; its answer is ``{"value":
@@ -23,7 +24,7 @@ from typing import Any
 
 import psutil
 
-from . import cells, data, dispatch, jax_internals, state, stdin
+from . import cells, data, dispatch, jax_internals, profile, state, stdin
 
 Reply = dict[str, Any]
 
@@ -56,7 +57,8 @@ def memory() -> dict[str, Any]:
 
 CONTROL: dict[str, Callable[..., Any]] = {
     f.__name__: f for f in (where, memory, dispatch.counts, cells.interrupt, cells.last_cell,
-                            stdin.answer, state.keep, state.discard)}
+                            stdin.answer, state.keep, state.discard, profile.clock,
+                            profile.start_trace, profile.stop_trace)}
 MAIN: dict[str, Callable[..., Any]] = {
     f.__name__: f for f in (data.assign_file, data.release, cells.run_cell, state.restore)}
 

@@ -11,7 +11,7 @@ from typing import Any
 
 from IPython.core.error import UsageError
 from IPython.core.magic import cell_magic, line_magic, magics_class, no_var_expand
-from IPython.core.magic_arguments import argument, magic_arguments
+from IPython.core.magic_arguments import magic_arguments
 from traitlets import Float, Int, TraitError, validate
 
 from ..cells.live import blocks
@@ -29,16 +29,16 @@ from .magics_args import (
     name_argument,
     parse,
     process_option,
-    processes,
     processes_option,
-    seconds,
+    spmd_arguments,
     usage_errors,
 )
 from .magics_data import ClusterMagicsBase, in_range, process_spec
+from .magics_profile import ProfileMagics, show_profile
 
 
 @magics_class
-class JaxClusterMagics(ClusterMagicsBase):
+class JaxClusterMagics(ProfileMagics):
     """The ``%jax_cluster`` family of magics; holds the notebook's current cluster.
 
     Settings (``%config JaxClusterMagics.hang_after = 30``, or ``c.JaxClusterMagics...`` in
@@ -227,43 +227,7 @@ class JaxClusterMagics(ClusterMagicsBase):
         progress.finish(None if quiet else cluster.summary())
 
     @magic_arguments()
-    @processes_option(
-        "show only these processes' output: 0, 0,2, 1-3 or all (the cell runs on --targets). "
-        "Default all."
-    )
-    @argument(
-        "--targets",
-        default="all", type=processes("--targets"), metavar="SPEC",
-        help="run the cell only on these processes: 0, 0,2, 1-3 or all; the others are left "
-        "untouched. A program that needs processes outside them is reported as a hang. "
-        "Default all.",
-    )
-    @argument(
-        "--no-collapse",
-        action="store_true",
-        help="show every process's output separately, even where it is identical.",
-    )
-    @argument(
-        "--timeout",
-        type=seconds("--timeout", 600), metavar="S",
-        help="give up on the cell after this many seconds: interrupt the processes still "
-        "running; restart the whole cluster only if one cannot be stopped, died, or is left "
-        "with its collectives out of step.",
-    )
-    @argument(
-        "--hang-after",
-        type=seconds("--hang-after", 30), metavar="S",
-        help="once some processes have ended, seconds before the others are checked for a "
-        "hang: one that waits inside JAX for a process that ended without running the same "
-        "program. Busy processes are left to finish. Default "
-        f"{DEFAULT_HANG_AFTER:g} (setting: JaxClusterMagics.hang_after).",
-    )
-    @argument(
-        "--setup",
-        action="store_true",
-        help="a setup cell: once it has run cleanly on every process it ran on, it is replayed "
-        "on them after every restart (%%jax_cluster setup lists them).",
-    )
+    @spmd_arguments()
     @no_var_expand
     @cell_magic
     @usage_errors
@@ -282,6 +246,11 @@ class JaxClusterMagics(ClusterMagicsBase):
         collectives out of step (interrupted with a multi-process program in flight, or after
         a failed collective or programs dispatched unequally); a restart loses every
         process's state and replays the setup cells (--setup), each on its --targets.
+
+        With --profile the cell is traced with jax.profiler on every process it runs on; the
+        traces come here, are merged into one trace on this machine's clock (one process group
+        per process), and a summary follows the output: each process's time in multi-process
+        programs, computing and transfers, the straggler, and what profiling added.
 
         With --targets the cell runs on those processes alone; the others do not run it and
         keep their state. A multi-process program there that needs a process outside the
@@ -304,6 +273,7 @@ class JaxClusterMagics(ClusterMagicsBase):
         """
         args = parse(self.spmd, line)
         cluster = self.require_cluster()
+        self.check_no_profile(args.profile)
         targets = process_spec(args.targets, cluster, "--targets")
         selected = [i for i in process_spec(args.process, cluster, "-p/--process")
                     if i in targets]
@@ -356,10 +326,13 @@ class JaxClusterMagics(ClusterMagicsBase):
             on_restart=restart,
             # the shell counts the running cell already: it is the one before
             cell_number=getattr(self.shell, "execution_count", 1) - 1,
+            profile=args.profile,
         )
         # a cell given up on leads with its cause; the error below it holds what it rests on
         cause = cell_render.cause_shown(result)
         live.finish(outputs(result, final=True), head=cause)
+        if result.profile is not None:
+            show_profile(result.profile)
         if not result.ok:
             raise SPMDError(*cell_render.error_report(result, selected, collapsed,
                                                       cause=cause is None))
@@ -416,6 +389,7 @@ class JaxClusterMagics(ClusterMagicsBase):
     # declared in magics_data, registered here with the others
     spmd_pull = line_magic(ClusterMagicsBase.spmd_pull)
     spmd_push = line_magic(ClusterMagicsBase.spmd_push)
+    jax_profile = line_magic(ProfileMagics.jax_profile)
 
     def stop_all(self) -> None:
         if self.cluster is not None:

@@ -16,6 +16,7 @@ from typing import Any
 from IPython.core.error import UsageError
 from IPython.core.magic_arguments import argument, parse_argstring
 
+from ..cells.spmd import DEFAULT_HANG_AFTER
 from ..cluster.option_table import (
     ENV_NAME,
     OPTIONS,
@@ -171,6 +172,58 @@ def process_option(help: str, default: Any = None, **kwargs: Any) -> Decorator:
 def processes_option(help: str) -> Decorator:
     """``-p/--process SPEC``: the processes a magic shows, the same SPEC wherever several can be."""
     return process_option(help, default="all", type=processes("-p/--process"), metavar="SPEC")
+
+
+def spmd_arguments() -> Decorator:
+    """``%%spmd``'s options, in help's order."""
+    return stack(
+        processes_option(
+            "show only these processes' output: 0, 0,2, 1-3 or all (the cell runs on --targets). "
+            "Default all."
+        ),
+        argument(
+            "--targets",
+            default="all", type=processes("--targets"), metavar="SPEC",
+            help="run the cell only on these processes: 0, 0,2, 1-3 or all; the others are left "
+            "untouched. A program that needs processes outside them is reported as a hang. "
+            "Default all.",
+        ),
+        argument(
+            "--no-collapse",
+            action="store_true",
+            help="show every process's output separately, even where it is identical.",
+        ),
+        argument(
+            "--timeout",
+            type=seconds("--timeout", 600), metavar="S",
+            help="give up on the cell after this many seconds: interrupt the processes still "
+            "running; restart the whole cluster only if one cannot be stopped, died, or is left "
+            "with its collectives out of step.",
+        ),
+        argument(
+            "--hang-after",
+            type=seconds("--hang-after", 30), metavar="S",
+            help="once some processes have ended, seconds before the others are checked for a "
+            "hang: one that waits inside JAX for a process that ended without running the same "
+            "program. Busy processes are left to finish. Default "
+            f"{DEFAULT_HANG_AFTER:g} (setting: JaxClusterMagics.hang_after).",
+        ),
+        argument(
+            "--setup",
+            action="store_true",
+            help="a setup cell: once it has run cleanly on every process it ran on, it is replayed "
+            "on them after every restart (%%jax_cluster setup lists them).",
+        ),
+        argument(
+            "--profile",
+            nargs="?", const="", default=None, metavar="DIR",
+            help="profile the cell on every process (jax.profiler) into DIR (default "
+            "jaxcluster-profiles/cell-N-TIME): each host's traces brought here and merged into "
+            "one trace on this machine's clock, one process group per process, with a summary "
+            "(each process's time in multi-process programs, computing and transfers; the "
+            "straggler) and the time profiling added. Without it nothing is traced.",
+        ),
+    )
 
 
 def name_argument(help: str) -> Decorator:
