@@ -1,6 +1,7 @@
 """Real users' code under ``%%spmd``, as it runs in plain multi-process JAX: an Orbax checkpoint
 of a sharded array saved and restored by every process, and a tqdm loop shown by process 0
-only (``disable=jax.process_index() != 0``), on 4 processes × 2 CPU devices. (A loop that also
+only (``disable=jax.process_index() != 0``), on 4 processes × 2 CPU devices. (tqdm.auto's
+widget bar is tested in a real kernel: ``tests/browser/test_live_progress.py``.) (A loop that also
 reduces the array at every step, 50 times, deadlocks in JAX's CPU collectives, in plain
 processes as here: the loss is taken after the loop.)"""
 
@@ -41,7 +42,7 @@ def test_a_tqdm_loop_shown_by_process_0_runs_every_step_and_prints_a_global_arra
     result = cluster.run("""
 import jax, jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec as P
-from tqdm.auto import tqdm
+from tqdm import tqdm  # text, on stderr (tqdm.auto's widget is the kernel tests' part)
 v = jax.device_put(jnp.zeros((8, 8)), NamedSharding(jax.make_mesh((4, 2), ("a", "b")), P("a", "b")))
 step = jax.jit(lambda v: v + 1.0)
 for _ in tqdm(range(50), disable=jax.process_index() != 0):
@@ -53,8 +54,5 @@ if jax.process_index() == 0:
     assert result.ok, result
     lines = result.processes[0].stdout.splitlines()
     assert lines[0] == "3200.0 (8, 8) [[50. 50. 50. 50. 50. 50. 50. 50.]" and len(lines) == 8
-    # tqdm.auto in a kernel draws a widget: process 0's alone
-    bars = [[o for o in p.outputs if "application/vnd.jupyter.widget-view+json" in o["data"]]
-            for p in result.processes]
-    assert [len(b) for b in bars] == [1, 0, 0, 0], result.processes
+    assert "50/50" in result.processes[0].stderr  # the bar, on process 0 alone
     assert all(p.stdout == p.stderr == "" for p in result.processes[1:])
