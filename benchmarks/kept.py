@@ -25,6 +25,7 @@ from collections.abc import Callable
 import psutil
 
 from jaxcluster import JaxCluster
+from tests.conftest import cluster_processes
 from tests.kept_clusters import CHECK, CHECKED, RIG_STARTER, STARTER
 from tests.netns_hosts import Unavailable, namespace_hosts
 
@@ -140,13 +141,8 @@ def _keeper_tree(name: str) -> Callable[[], list[psutil.Process]]:
     from jaxcluster.cluster import kept
 
     record = kept.Kept.named(name).record
-    cluster_id = record["info"]["cluster_id"]
-    found = [psutil.Process(int(record["pid"]))]
-    for proc in psutil.process_iter(["cmdline"]):
-        with contextlib.suppress(psutil.Error):
-            if (cluster_id in " ".join(proc.info["cmdline"] or [])
-                    or proc.environ().get("IPP_CLUSTER_ID") == cluster_id):
-                found.append(proc)
+    found = [psutil.Process(int(record["pid"])),
+             *cluster_processes(record["info"]["cluster_id"])]
     return lambda: [p for p in found if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
 
 

@@ -13,7 +13,9 @@ socket are 0600 in the user's Jupyter runtime folder. Messages are JSON, one a l
 with the key as Jupyter signs its messages (HMAC-SHA256), over a number the keeper drew for
 the connection (``signed``): the key never travels, and a message is good on its connection
 only. A connection's first names the operation; a host's line, once opened, relays the
-forking process's own lines. Only the standard library before the end: it stays small.
+forking process's own lines. Only the standard library before the end: it stays small. Its
+private records, sockets and signed greetings serve a published cluster too
+(``published.py``).
 
 Run as ``python -m jaxcluster.cluster.keeper NAME IDLE_SECONDS``; it prints ``ready`` once its
 record is written.
@@ -22,6 +24,7 @@ record is written.
 from __future__ import annotations
 
 import contextlib
+import glob
 import hmac
 import json
 import os
@@ -73,6 +76,33 @@ def verified(key: str, nonce: str, line: bytes) -> dict[str, Any] | None:
     return message
 
 
+Greeting = tuple[dict[str, Any], str, IO[bytes]]  # the first message, the number, the reader
+
+
+def greeted(connection: socket.socket, key: str) -> Greeting | None:
+    """The server's side of a connection's first message: a number drawn for it, sent; the
+    message that came back signed with ``key`` over it, the number, and the reader of what
+    follows; None for anything else (not this user's, or the connection ended)."""
+    nonce = secrets.token_hex(16)
+    reader = connection.makefile("rb")
+    try:
+        connection.sendall(json.dumps({"nonce": nonce}).encode() + b"\n")
+        message = verified(key, nonce, reader.readline())
+    except OSError:
+        return None
+    return None if message is None else (message, nonce, reader)
+
+
+def greet(connection: socket.socket, key: str, message: dict[str, Any]) -> tuple[IO[bytes], str]:
+    """The client's side: ``message`` signed over the number the server drew; the reader of
+    what comes back, and the number. Raises ``OSError``, ``ValueError`` or ``KeyError`` where
+    the server does not answer as one of ours."""
+    reader = connection.makefile("rb")
+    nonce = str(json.loads(reader.readline())["nonce"])
+    connection.sendall(signed(key, nonce, message))
+    return reader, nonce
+
+
 def listening(path: str) -> bool:
     """Whether a process listens on the Unix socket ``path`` (its pid may have been reused
     since it wrote its record; its socket cannot be)."""
@@ -82,6 +112,42 @@ def listening(path: str) -> bool:
         except OSError:
             return False
     return True
+
+
+def private_server(path: str) -> socket.socket:
+    """A Unix socket listening at ``path``, 0600 from birth: no moment where another user
+    may connect."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    old = os.umask(0o177)
+    try:
+        server.bind(path)
+    finally:
+        os.umask(old)
+    server.listen()
+    return server
+
+
+def live_records(prefix: str) -> list[dict[str, Any]]:
+    """This user's records named ``prefix*.json`` in the runtime folder whose process listens
+    on its socket; those of a process killed outright (nothing else removes them) are removed
+    with their sockets."""
+    found = []
+    for path in sorted(glob.glob(os.path.join(runtime_dir(), f"{prefix}*.json"))):
+        try:
+            with open(path) as f:
+                record = json.load(f)
+            alive = listening(str(record["socket"]))
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if alive:
+            found.append(record)
+            continue
+        for left in (path, str(record["socket"])):
+            with contextlib.suppress(OSError):
+                os.remove(left)
+    return found
 
 
 def write_private(path: str, data: dict[str, Any]) -> None:
@@ -173,15 +239,7 @@ class Keeper:
         self._lock = threading.Lock()
 
     def run(self) -> None:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self.socket_path)
-        server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        old = os.umask(0o177)  # the socket is born 0600: no moment where others may connect
-        try:
-            server.bind(self.socket_path)
-        finally:
-            os.umask(old)
-        server.listen()
+        server = private_server(self.socket_path)
         self._write_record()
         print("ready", flush=True)
         threading.Thread(target=self._accept, args=(server,), daemon=True).start()
@@ -210,13 +268,10 @@ class Keeper:
 
     def _serve(self, connection: socket.socket) -> None:
         with connection:
-            reader = connection.makefile("rb")
-            nonce = secrets.token_hex(16)
-            with contextlib.suppress(OSError):
-                connection.sendall(json.dumps({"nonce": nonce}).encode() + b"\n")
-            message = verified(self.key, nonce, reader.readline())
-            if message is None:
+            first = greeted(connection, self.key)
+            if first is None:
                 return  # not signed with the key: not this user's kernel
+            message, nonce, reader = first
             reply = Replies(connection, self.key, nonce)
             op = message.get("op")
             if op == "line":

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import glob
 import json
 import os
 import pickle
@@ -24,7 +23,7 @@ from dataclasses import dataclass
 from typing import IO, Any
 
 from ..errors import ConfigError, JaxClusterError
-from .keeper import PREFIX, listening, record_path, runtime_dir, signed, verified
+from .keeper import PREFIX, greet, listening, live_records, record_path, verified
 
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z")
 START_SECONDS = 30  # for a keeper to write its record
@@ -110,10 +109,8 @@ class Kept:
                 f"The keeper of the kept cluster {self.name!r} does not answer ({e}): it has "
                 "ended. List the kept clusters with %jax_cluster list."
             ) from None
-        reader = connection.makefile("rb")
         try:
-            nonce = str(json.loads(reader.readline())["nonce"])
-            connection.sendall(signed(self.record["key"], nonce, {"op": op, **message}))
+            reader, nonce = greet(connection, self.record["key"], {"op": op, **message})
         except (OSError, ValueError, KeyError):
             connection.close()
             raise JaxClusterError(
@@ -322,17 +319,7 @@ def _resident(pid: int, cluster_id: str | None) -> int | None:
 def kept_clusters() -> list[KeptCluster]:
     """This user's kept clusters on this machine whose keeper runs, by name."""
     found = []
-    for path in sorted(glob.glob(os.path.join(runtime_dir(), f"{PREFIX}*.json"))):
-        try:
-            with open(path) as f:
-                kept = Kept(json.load(f))
-        except (OSError, ValueError):
-            continue
-        if not kept.alive:  # killed outright: nothing else removes what it left
-            for left in (path, str(kept.record.get("socket", ""))):
-                with contextlib.suppress(OSError):
-                    os.remove(left)
-            continue
+    for kept in map(Kept, live_records(PREFIX)):
         info, holder = kept.info, kept.record.get("holder")
         found.append(KeptCluster(
             kept.name, int(info.get("nodes", 0)), int(info.get("devices", 0)),

@@ -13,8 +13,6 @@ kernel runs on its main thread, between cells.
 from __future__ import annotations
 
 import contextlib
-import glob
-import json
 import os
 import secrets
 import socket
@@ -25,7 +23,16 @@ from typing import Any
 
 from ..contracts import HealthSnapshot
 from ..render.live import rows
-from .keeper import listening, runtime_dir, signed, verified, write_private
+from .keeper import (
+    greet,
+    greeted,
+    live_records,
+    private_server,
+    runtime_dir,
+    signed,
+    verified,
+    write_private,
+)
 
 PREFIX = "jaxcluster-live-"
 ASK_SECONDS = 2.0  # for a published cluster's thread to answer: it never waits on processes
@@ -43,13 +50,7 @@ class Published:
         self.record = os.path.join(folder, f"{PREFIX}{self.key}.json")
         self.socket_path = os.path.join(folder, f"{PREFIX}{self.key}.sock")
         self.secret = secrets.token_hex(32)
-        self._server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        old = os.umask(0o177)  # born 0600: no moment where others may connect
-        try:
-            self._server.bind(self.socket_path)
-        finally:
-            os.umask(old)
-        self._server.listen()
+        self._server = private_server(self.socket_path)
         write_private(self.record, {"key": self.key, "pid": os.getpid(), "secret": self.secret,
                                     "socket": self.socket_path, "started": time.time()})
         _published[self.key] = self
@@ -73,11 +74,10 @@ class Published:
             with connection:
                 connection.settimeout(ASK_SECONDS)
                 with contextlib.suppress(OSError, ValueError):
-                    nonce = secrets.token_hex(16)
-                    connection.sendall(json.dumps({"nonce": nonce}).encode() + b"\n")
-                    message = verified(self.secret, nonce, connection.makefile("rb").readline())
-                    if message is None:
+                    first = greeted(connection, self.secret)
+                    if first is None:
                         continue  # not signed with the secret: not this user's viewer
+                    message, nonce, _ = first
                     try:
                         answer = self._answer(message)
                     except Exception as e:  # said to the viewer: this thread serves the next
@@ -128,21 +128,7 @@ def act(key: str, action: str) -> str:
 def records() -> list[dict[str, Any]]:
     """The published clusters of this user on this machine, removing what a kernel killed
     outright left behind."""
-    found = []
-    for path in sorted(glob.glob(os.path.join(runtime_dir(), f"{PREFIX}*.json"))):
-        try:
-            with open(path) as f:
-                record = json.load(f)
-            alive = listening(str(record["socket"]))
-        except (OSError, ValueError, KeyError):
-            continue
-        if alive:
-            found.append(record)
-            continue
-        for left in (path, str(record.get("socket", ""))):
-            with contextlib.suppress(OSError):
-                os.remove(left)
-    return found
+    return live_records(PREFIX)
 
 
 def ask(record: dict[str, Any], op: str, **message: Any) -> dict[str, Any]:
@@ -150,8 +136,6 @@ def ask(record: dict[str, Any], op: str, **message: Any) -> dict[str, Any]:
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as connection:
         connection.settimeout(ASK_SECONDS)
         connection.connect(record["socket"])
-        reader = connection.makefile("rb")
-        nonce = str(json.loads(reader.readline())["nonce"])
-        connection.sendall(signed(record["secret"], nonce, {"op": op, **message}))
+        reader, nonce = greet(connection, record["secret"], {"op": op, **message})
         answer = verified(record["secret"], nonce, reader.readline())
     return answer if answer is not None else {"error": "no answer"}
