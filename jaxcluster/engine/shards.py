@@ -127,15 +127,20 @@ def _serve(conn: socket.socket) -> None:
 def _boxes(request: dict[str, Any]) -> list[Any]:
     """Each requested box, as NumPy, from this process's shards of the named array."""
     arr = values.made(request["key"], MAKE_TIMEOUT)
-    if arr.is_deleted():
-        raise LookupError("deleted")
-    shards = {shard.device.id: shard for shard in arr.addressable_shards}
-    found = []
-    for device_id, box in request["boxes"]:
-        shard = shards[device_id]
-        starts = [index.indices(n)[0] for index, n in zip(shard.index, arr.shape, strict=True)]
-        local = tuple(slice(a - s, b - s) for (a, b), s in zip(box, starts, strict=True))
-        found.append(values.read_local(shard.data, local))
+    try:
+        shards = {shard.device.id: shard for shard in arr.addressable_shards}
+        found = []
+        for device_id, box in request["boxes"]:
+            shard = shards[device_id]
+            starts = [index.indices(n)[0]
+                      for index, n in zip(shard.index, arr.shape, strict=True)]
+            local = tuple(slice(a - s, b - s) for (a, b), s in zip(box, starts, strict=True))
+            found.append(values.read_local(shard.data, local))
+    except Exception:
+        # The main thread may delete the array while this thread reads it.
+        if arr.is_deleted():
+            raise LookupError("deleted") from None
+        raise
     return found
 
 
