@@ -12,8 +12,9 @@ processes may read):
   dispatched a program, before anything waits for its results: ``counted_fast`` counts there,
   then calls JAX's own hook where it is on (the adapter hands the C++ path ours alone where it
   is off). It is on the path of every call of every jitted function, so the program called
-  last is known by two identity checks, and what a program needs is decided at its first call
-  and kept for the next (``benchmarks/dispatch.py`` measures it).
+  last is known by two identity checks, what a program needs is decided at its first call
+  and kept for the next, and a program's one output is numbered here, without a call
+  (``Tally``; ``benchmarks/dispatch.py`` measures it).
 - calls that go through Python (a program's first call, programs with effects) run
   ``ExecuteReplicated.__call__``, wrapped to count before the program runs.
 
@@ -56,8 +57,8 @@ class Program:
     a program over one process's devices gives every process that runs it an array the
     others may read."""
 
-    __slots__ = ("calls", "counted", "devices", "key", "name", "observe", "observe_one",
-                 "planned", "processes")
+    __slots__ = ("calls", "counted", "devices", "key", "name", "observe", "planned",
+                 "processes", "tally")
 
     def __init__(self, key: str, name: str, processes: tuple[int, ...], devices: int,
                  waits: bool) -> None:
@@ -65,10 +66,28 @@ class Program:
         self.counted = waits and len(processes) > 1
         self.calls = 0
         # what is done with its outputs at every call, planned at its first (``_plan``): given
-        # them flat, or, where it returns one array, that array
+        # them flat, or, where it returns one array to number, the tally that numbers it
         self.observe: Callable[[Sequence[Any]], None] | None = None
-        self.observe_one: Callable[[Any], None] | None = None
+        self.tally: Tally | None = None
         self.planned = False
+
+
+class Tally:
+    """Numbers the arrays of one layout: each is given the next ``count``, kept on it as its
+    ``NUMBER``. What a count means (which cell, which array of it) is ``values``'s."""
+
+    __slots__ = ("count", "layout")
+
+    def __init__(self, layout: str, count: int) -> None:
+        self.layout, self.count = layout, count
+
+
+NUMBER = "_jaxcluster_number"  # an array's number, kept on it: it goes with the array
+# shared with ``values``, which sets them: outputs are not numbered while ``paused[0]`` (a
+# maker numbers what it makes), and ``woken[0]`` is called after each number while
+# ``waiters[0]`` (an owner waits for an array to be made)
+paused, waiters = [0], [0]
+woken: list[Callable[[], None]] = [lambda: None]
 
 
 _active: list[Program] = []  # the programs dispatched this cell
@@ -84,10 +103,11 @@ _state: dict[str, Any] = {"installed": False, "cell": 0, "latest": None, "proces
 
 class Observer(NamedTuple):
     """What is done with a program's outputs at every call: ``every`` is given them flat;
-    ``one``, where the program returns one array, that array (its fast path makes no list)."""
+    where the program returns one array to number, ``tally`` numbers it (the fast path does it
+    itself: no list, no call)."""
 
     every: Callable[[Sequence[Any]], None]
-    one: Callable[[Any], None] | None
+    tally: Tally | None
 
 
 # asked at a program's first call, with its outputs, what to do with them at every call, or
@@ -120,7 +140,9 @@ def install() -> bool:
     last_id: int | None = None
     last_aval: Any = None
     last_counted: Program | None = None
-    last_observe: Callable[[Any], None] | None = None
+    last_tally: Tally | None = None
+    last_observe: Callable[[Sequence[Any]], None] | None = None
+    pausing, waiting, wake = paused, waiters, woken
 
     def counted_slow(self: Any, *args: Any) -> Any:
         program = None
@@ -139,23 +161,33 @@ def install() -> bool:
         hands the C++ path the one without while JAX's is off, which saves reading it."""
 
         def counted_fast(fun: Any, args: Any, kwargs: Any, out: Any) -> None:
-            nonlocal last_id, last_aval, last_counted, last_observe
+            nonlocal last_id, last_aval, last_counted, last_tally, last_observe
             try:  # not contextlib.suppress: it would make an object on every call
                 # the C++ path gives a program's outputs the same aval objects at every call
-                bare = type(out) is array_type
-                if bare and out.aval is last_aval and ident(fun) == last_id:
-                    counted, observe = last_counted, last_observe  # the program called last
+                try:
+                    same = ident(fun) == last_id and out.aval is last_aval
+                except AttributeError:  # not one array, from a function that returned one
+                    same = False
+                if same:  # the program called last
+                    counted, tally, observe = last_counted, last_tally, last_observe
                 else:
-                    counted, observe = _fast_call(fun, out, bare, leaves)
-                    last_id, last_aval = ident(fun), out.aval if bare else None
-                    last_counted, last_observe = counted, observe
+                    bare = type(out) is array_type
+                    counted, tally, observe = _fast_call(fun, out, bare, leaves)
+                    last_id, last_aval = (ident(fun), out.aval) if bare else (None, None)
+                    last_counted, last_tally, last_observe = counted, tally, observe
                 if counted is not None:
                     counted.calls = calls = counted.calls + 1
                     if calls == 1:
                         active.append(counted)
                     state["latest"] = counted
-                if observe is not None:
-                    observe(out)
+                if tally is not None:  # ``number`` in ``values``, without a call
+                    if not pausing[0]:
+                        tally.count = number = tally.count + 1
+                        out._jaxcluster_number = number  # NUMBER
+                        if waiting[0]:
+                            wake[0]()
+                elif observe is not None:
+                    observe((out,))
             except Exception:  # JAX's own behaviour wins over the record
                 pass
             if jax_own is not None:
@@ -235,10 +267,10 @@ def _slow_program(call: Any) -> Program | None:
 
 
 def _fast_call(fun: Any, out: Any, bare: bool, leaves: Callable[[Any], list[Any]],
-               ) -> tuple[Program | None, Callable[[Any], None] | None]:
+               ) -> tuple[Program | None, Tally | None, Callable[[Sequence[Any]], None] | None]:
     """A call on the fast path other than a repeat of the one before: its program where it is
-    counted, and what to give its output where it is one array (any other's outputs are given
-    to its ``observe`` here)."""
+    counted, and, where its output is one array, the tally that numbers it or what to give it
+    to (any other's outputs are given to its ``observe`` here)."""
     flat = [out] if bare else leaves(out)
     aval = flat[0].aval if flat else None
     known = _fast.get(id(aval) if flat else id(fun))
@@ -246,15 +278,15 @@ def _fast_call(fun: Any, out: Any, bare: bool, leaves: Callable[[Any], list[Any]
         known = _fast_program(fun, aval, flat)
     program = known[2]
     if program is None:
-        return None, None
+        return None, None, None
     if not program.planned:
         _plan(program, flat)
     counted = program if program.counted else None
     if bare:
-        return counted, program.observe_one
+        return counted, program.tally, None if program.tally else program.observe
     if program.observe is not None:
         program.observe(flat)
-    return counted, None
+    return counted, None, None
 
 
 def _fast_program(fun: Any, aval: Any, flat: list[Any]) -> FastEntry:
@@ -312,17 +344,13 @@ def _plan(program: Program, outputs: Sequence[Any]) -> None:
     plans = [plan for planner in output_planners
              if (plan := planner(program, outputs)) is not None]
     if len(plans) == 1:
-        program.observe, program.observe_one = plans[0]
+        program.observe, program.tally = plans[0]
     elif plans:
         def observe_all(outs: Sequence[Any]) -> None:
             for plan in plans:
                 plan.every(outs)
 
-        def observe_one(out: Any) -> None:
-            observe_all((out,))
-
         program.observe = observe_all
-        program.observe_one = observe_one if len(outputs) == 1 else None
 
 
 def _observe(program: Program, outputs: Sequence[Any]) -> None:

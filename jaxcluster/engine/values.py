@@ -28,7 +28,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .dispatch import Observer
+from .dispatch import NUMBER, Observer, Tally, paused, waiters, woken
 
 OPEN, CLOSE = "\u27ea", "\u27eb"  # ⟪ ⟫: what no printout of numbers contains
 TOKEN_PREFIX = OPEN + "jax.Array "
@@ -37,36 +37,19 @@ MADE_BY = ("device_put", "make_array_from_callback", "make_array_from_single_dev
 PRINT_OPTIONS = ("precision", "threshold", "edgeitems", "linewidth", "suppress", "nanstr",
                  "infstr", "sign", "floatmode", "legacy")
 
-NUMBER = "_jaxcluster_number"  # an array's (Numbered, number), kept on it: it goes with it
-KEEP_NUMBERED = 256  # (layout, cell) records kept before those with no live array are dropped
+# An array's number is an int: its cell in the bits above CELL_SHIFT, below them how many of
+# its layout were made in that cell up to it. Numbering is on the path of every multi-process
+# program's call, so it is a tally's count and an attribute on the array; an owner finds a
+# numbered array among JAX's live arrays when a reader asks for it.
+CELL_SHIFT = 32
+IN_CELL = (1 << CELL_SHIFT) - 1
+KEEP_REACHED = 256  # (layout, cell) counts kept before those with no live array are dropped
+LAYOUTS_KNOWN = 4096  # layouts of arrays remembered by their sharding, shape and dtype
 
-
-class Numbered:
-    """How many arrays of one layout were made in one cell. Numbering is on the path of every
-    multi-process program's call, so it is a counter and an attribute on the array; an owner
-    finds a numbered array among JAX's live arrays when a reader asks for it."""
-
-    __slots__ = ("count", "prefix")
-
-    def __init__(self, prefix: str) -> None:
-        self.prefix = prefix  # "layout.cell"
-        self.count = 0
-
-    def find(self, number: int) -> Any:
-        """The live array of this number, or None."""
-        import jax
-
-        for arr in jax.live_arrays():
-            tag = getattr(arr, NUMBER, None)
-            if tag is not None and tag[0] is self and tag[1] == number:
-                return arr
-        return None
-
-
-_numbered: dict[tuple[str, int], Numbered] = {}  # (layout, cell) -> its arrays
-_current: dict[str, Numbered] = {}  # layout -> its arrays made this cell
-_waiting = [0]  # owners waiting in ``made``: only then does numbering wake them
-_making = [0]  # calls of ``MADE_BY`` functions under way (``_numbering``)
+_tallies: dict[str, Tally] = {}  # layout -> its tally: counts from the current cell's base
+_reached: dict[tuple[str, int], int] = {}  # (layout, earlier cell) -> arrays made in it
+_waiting = waiters  # owners waiting in ``made``: only then does numbering wake them
+_making = paused  # calls of ``MADE_BY`` functions under way (``_numbering``)
 _printed: dict[str, dict[str, Any]] = {}  # key -> what this process saw when it printed it
 _state: dict[str, Any] = {"installed": False, "cell": 0, "ended": 0}
 _pinned: dict[str, list[Any]] = {}  # key -> [array, reads still to serve] (``pin``)
@@ -106,6 +89,7 @@ def install() -> bool:
         if hasattr(jax, name):
             hooks.patch_maker(name, _numbering(getattr(jax, name)))
     dispatch.output_planners.append(_plan_numbering)
+    woken[0] = _wake
     _state["installed"] = True
     return True
 
@@ -114,9 +98,13 @@ def new_cell() -> None:
     """A new cell: numbering starts again, and what was printed is forgotten."""
     with _changed:
         _state["cell"] += 1
-        _current.clear()
-        if len(_numbered) > KEEP_NUMBERED:
-            _forget_numbered()
+        base = _state["cell"] << CELL_SHIFT
+        for tally in _tallies.values():
+            if tally.count & IN_CELL:
+                _reached[(tally.layout, tally.count >> CELL_SHIFT)] = tally.count & IN_CELL
+            tally.count = base
+        if len(_reached) > KEEP_REACHED:
+            _forget_reached()
         _pinned.clear()
         _served.clear()
         _changed.notify_all()
@@ -158,36 +146,23 @@ def _plan_numbering(program: Any, outputs: Sequence[Any]) -> Observer | None:
     Which outputs, and their layouts, are the same at every call (the program's key is made
     of them), so they are decided here, once: a call only counts and tags (a replicated output
     too, where some process holds none of it: a mesh over some processes' devices)."""
-    plan = [(i, layout) for i, leaf in enumerate(outputs)
+    plan = [(i, _tally_of(layout)) for i, leaf in enumerate(outputs)
             if (layout := _numbered_layout(leaf)) is not None]
     if not plan:
         return None
-    making, waiting, current, numbered_now = _making, _waiting, _current, _numbered_now
+    making, waiting = _making, _waiting
 
     def number(outs: Sequence[Any]) -> None:
         if making[0]:
             return  # inside a call that numbers what it makes (``_numbering``)
-        for index, layout in plan:  # _register's steps, without a call per output
-            numbered = current.get(layout) or numbered_now(layout)
-            numbered.count = count = numbered.count + 1
-            outs[index]._jaxcluster_number = (numbered, count)  # NUMBER
+        for index, tally in plan:  # _register's steps, without a call per output
+            tally.count = count = tally.count + 1
+            outs[index]._jaxcluster_number = count  # NUMBER
         if waiting[0]:
             _wake()
 
-    if len(outputs) > 1:
-        return Observer(number, None)
-    layout = plan[0][1]
-
-    def number_one(out: Any) -> None:  # ``number`` of a program returning one array
-        if making[0]:
-            return
-        numbered = current.get(layout) or numbered_now(layout)
-        numbered.count = count = numbered.count + 1
-        out._jaxcluster_number = (numbered, count)  # NUMBER
-        if waiting[0]:
-            _wake()
-
-    return Observer(number, number_one)
+    # a program returning one array: dispatch's fast path numbers it by the tally itself
+    return Observer(number, plan[0][1] if len(outputs) == 1 else None)
 
 
 def _numbered_layout(leaf: Any) -> str | None:
@@ -203,24 +178,30 @@ def _numbered_layout(leaf: Any) -> str | None:
 
 
 def _layout_of(arr: Any) -> str:
-    indices = sorted((d.id, str(i)) for d, i in arr.sharding.devices_indices_map(arr.shape).items())
-    text = repr((arr.shape, str(arr.dtype), indices))
+    return _layout(arr.sharding, arr.shape, str(arr.dtype))
+
+
+@functools.lru_cache(maxsize=LAYOUTS_KNOWN)  # shardings are hashable: jit's caches key on them
+def _layout(sharding: Any, shape: tuple[int, ...], dtype: str) -> str:
+    indices = sorted((d.id, str(i)) for d, i in sharding.devices_indices_map(shape).items())
+    text = repr((shape, dtype, indices))
     return hashlib.sha1(text.encode(), usedforsecurity=False).hexdigest()[:12]
 
 
+def _tally_of(layout: str) -> Tally:
+    """The tally of ``layout``'s arrays, new at its first (counting from this cell)."""
+    tally = _tallies.get(layout)
+    if tally is None:
+        tally = _tallies[layout] = Tally(layout, _state["cell"] << CELL_SHIFT)
+    return tally
+
+
 def _register(arr: Any, layout: str) -> None:
-    numbered = _current.get(layout) or _numbered_now(layout)
-    numbered.count = number = numbered.count + 1
-    setattr(arr, NUMBER, (numbered, number))
+    tally = _tally_of(layout)
+    tally.count = number = tally.count + 1
+    setattr(arr, NUMBER, number)
     if _waiting[0]:  # read after the number is set: a waiter that came since sees it
         _wake()
-
-
-def _numbered_now(layout: str) -> Numbered:
-    """The record of ``layout``'s arrays made this cell, new at its first."""
-    cell = _state["cell"]
-    numbered = _current[layout] = _numbered[(layout, cell)] = Numbered(f"{layout}.{cell}")
-    return numbered
 
 
 def _wake() -> None:
@@ -230,22 +211,37 @@ def _wake() -> None:
 
 def _lookup(key: str) -> tuple[Any, bool]:
     """The live array of ``key`` (or None), and whether its number was reached in its cell."""
-    layout, cell, count = key.rsplit(".", 2)
-    numbered = _numbered.get((layout, int(cell)))
-    if numbered is None or numbered.count < int(count):
-        return None, _state["cell"] > int(cell)
-    return numbered.find(int(count)), True
+    layout, made_in, in_cell = key.rsplit(".", 2)
+    cell, count = int(made_in), int(in_cell)
+    tally = _tallies.get(layout)
+    if tally is not None and tally.count >> CELL_SHIFT == cell:
+        reached = tally.count & IN_CELL
+    else:
+        reached = _reached.get((layout, cell), 0)
+    if reached < count:
+        return None, _state["cell"] > cell
+    return _find(layout, cell << CELL_SHIFT | count), True
 
 
-def _forget_numbered() -> None:
-    """Drop the records of earlier cells that no live array is numbered by."""
+def _find(layout: str, number: int) -> Any:
+    """The live array of this layout and number, or None."""
     import jax
 
-    alive = {id(tag[0]) for arr in jax.live_arrays()
-             if (tag := getattr(arr, NUMBER, None)) is not None}
-    for at, numbered in list(_numbered.items()):
-        if at[1] < _state["cell"] and id(numbered) not in alive:
-            del _numbered[at]
+    for arr in jax.live_arrays():
+        if getattr(arr, NUMBER, None) == number and _layout_of(arr) == layout:
+            return arr
+    return None
+
+
+def _forget_reached() -> None:
+    """Drop the counts of earlier cells that no live array was made in."""
+    import jax
+
+    alive = {number >> CELL_SHIFT for arr in jax.live_arrays()
+             if (number := getattr(arr, NUMBER, None)) is not None}
+    for at in list(_reached):
+        if at[1] not in alive:
+            del _reached[at]
 
 
 def made(key: str, timeout: float) -> Any:
@@ -417,20 +413,24 @@ def continue_from(cell: int) -> None:
 
 def renumber(arr: Any, key: str) -> None:
     """Give ``arr`` the key another process's array had (one kept across a restart)."""
-    layout, made_in, number = key.rsplit(".", 2)
+    layout, made_in, in_cell = key.rsplit(".", 2)
+    cell, count = int(made_in), int(in_cell)
     with _changed:
-        numbered = _numbered.get((layout, int(made_in)))
-        if numbered is None:
-            numbered = _numbered[(layout, int(made_in))] = Numbered(f"{layout}.{made_in}")
-        numbered.count = max(numbered.count, int(number))
-        setattr(arr, NUMBER, (numbered, int(number)))
+        tally = _tallies.get(layout)
+        if tally is not None and tally.count >> CELL_SHIFT == cell:
+            tally.count = max(tally.count, cell << CELL_SHIFT | count)
+        else:
+            _reached[(layout, cell)] = max(_reached.get((layout, cell), 0), count)
+        setattr(arr, NUMBER, cell << CELL_SHIFT | count)
         _changed.notify_all()
 
 
 def key_of(arr: Any) -> str | None:
     """The key every process gives ``arr``; None where it was not numbered."""
     number = getattr(arr, NUMBER, None)
-    return None if number is None else f"{number[0].prefix}.{number[1]}"
+    if number is None:
+        return None
+    return f"{_layout_of(arr)}.{number >> CELL_SHIFT}.{number & IN_CELL}"
 
 
 def values_for(keys: list[str]) -> dict[str, dict[str, Any]]:
