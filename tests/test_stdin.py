@@ -162,6 +162,9 @@ def test_without_stdin_the_process_gets_a_clear_error(kernel, code):
     assert cell.reply["status"] == "error" and not cell.prompts
     assert "StdinNotImplementedError: Process 1 asked for input" in cell.text
     assert "Run the cell in JupyterLab" in cell.text
+    # of ours, only the frame that raises, as a plain kernel shows ipykernel's raw_input
+    ours = re.findall(r"jaxcluster/engine/\S+, in (\w+)", cell.text)
+    assert ours == ["ask"], cell.text
 
 
 def test_stepping_past_the_cells_end_leaves_the_debugger(kernel):

@@ -66,6 +66,7 @@ def _debug_the_cell_only() -> None:
     original_call = bdb.Bdb.dispatch_call
 
     def dispatch_call(self: Any, frame: Any, arg: Any) -> Any:
+        __tracebackhide__ = True  # in the debugger's frames, ours are not shown
         # a collection can run a gc callback (JAX registers one) at any call while tracing;
         # stepping would stop in it ("--Call-- _xla_gc_callback") instead of the user's code
         if any(getattr(cb, "__code__", None) is frame.f_code for cb in gc.callbacks):
@@ -73,6 +74,7 @@ def _debug_the_cell_only() -> None:
         return original_call(self, frame, arg)
 
     def dispatch_return(self: Any, frame: Any, arg: Any) -> Any:
+        __tracebackhide__ = True  # in the debugger's frames, ours are not shown
         traced = original_return(self, frame, arg)
         if frame is not getattr(self, "_jaxcluster_cell", None):
             return traced
@@ -84,6 +86,7 @@ def _debug_the_cell_only() -> None:
         return None
 
     def set_trace(self: Any, frame: Any = None) -> None:
+        __tracebackhide__ = True  # in the debugger's frames, ours are not shown
         original(self, frame)
         outermost, above = None, (frame or sys._getframe().f_back)
         while above is not None:
@@ -168,6 +171,7 @@ def ask(prompt: object = "", secret: bool = False) -> str:
 
 
 def _ask_secret(prompt: str = "Password: ", stream: Any = None) -> str:
+    __tracebackhide__ = True
     return ask(prompt, secret=True)
 
 
@@ -189,7 +193,9 @@ class _Stdin(io.TextIOBase):
         return True
 
     def readline(self, size: int | None = -1) -> str:  # type: ignore[override]
+        __tracebackhide__ = True
         return ask("") + "\n"
 
     def read(self, size: int | None = -1) -> str:
+        __tracebackhide__ = True
         return self.readline()
