@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from jaxcluster.cells import hang
+from jaxcluster.cells.evidence import user_stack
 
 IN_JAX = (
     'File "<cell>", line 4 in <module>\n'
@@ -22,6 +23,16 @@ def test_where_a_running_process_is():
     assert hang.where(SLEEPING) == "cell line 3"
     assert hang.where(IN_JAX) == "cell line 4 · inside JAX (_value)"
     assert hang.where(None) == ""
+
+
+def test_a_native_wait_of_jax_counts_as_inside_jax_and_no_other_native_call_does():
+    frames = [["/tmp/ipykernel_7/123.py", 3, "<module>"]]
+    waiting = user_stack(frames, "block_until_ready")
+    assert hang.where(waiting) == "cell line 3 · inside JAX (block_until_ready)"
+    assert hang.waits_on_others(waiting, RECORD, {0: "ended"}, {0: ran()}) is not None
+    assert user_stack(frames, "acquire") == user_stack(frames) == SLEEPING
+    assert hang.waits_on_others(user_stack(frames, "acquire"), RECORD, {0: "ended"},
+                                {0: ran()}) is None
 
 
 def test_busy_in_python_is_never_a_hang():

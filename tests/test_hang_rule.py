@@ -141,6 +141,25 @@ def test_skip_a_collective_is_a_hang_reported_in_time(ip, cluster):
     assert spmd(ip, "print(float(jax.jit(jnp.sum)(x)))").strip() == "[processes 0-3]\n120.0"
 
 
+def test_a_skipped_collective_waited_for_by_block_until_ready_is_a_hang(ip, cluster):
+    """``block_until_ready`` waits in native code: no frame of JAX's shows on the stack."""
+    began, reported = time.monotonic(), []
+
+    def on_update(result):
+        if result.failure and not reported:
+            reported.append(time.monotonic() - began)
+
+    result = cluster.run(
+        "if jax.process_index() != 0:\n    y = jax.jit(jnp.sum)(x)\n    y.block_until_ready()",
+        hang_after=HANG_AFTER, on_update=on_update,
+    )
+    assert reported and reported[0] < HANG_AFTER + 5, reported
+    report = "\n".join(failure_lines(result))
+    assert ("processes 1-3 wait in `jit(sum)` over 8 devices on 4 processes; "
+            "process 0 ended without running it" in report)
+    assert all("in block_until_ready" in p.stack for p in result.processes[1:])
+
+
 def test_raise_before_a_collective_is_a_hang(ip, cluster):
     before = pids(cluster)
     began = time.monotonic()

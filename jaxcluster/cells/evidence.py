@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..engine import calls, dispatch, ipykernel_internals
+from .hang import NATIVE_WAITS, native_frame
 from .process_calls import ProcessCalls
 
 WAIT = 2.0  # seconds a process gets to say where it is
@@ -33,7 +34,8 @@ class Where:
 def where(channel: ProcessCalls, processes: list[int], wait: float = WAIT) -> dict[int, Where]:
     """Where each of ``processes`` is; absent: no answer within ``wait``."""
     answers, _ = channel.call(processes, calls.where, timeout=wait)
-    return {p: Where(user_stack(a["stack"]), a["dispatch"], a.get("asking") or "")
+    return {p: Where(user_stack(a["stack"], a.get("native")), a["dispatch"],
+                     a.get("asking") or "")
             for p, a in answers.items()}
 
 
@@ -46,9 +48,10 @@ def dispatch_counts(
     return {p: a for p, a in answers.items() if a.get("installed")}
 
 
-def user_stack(frames: list[Any]) -> str:
+def user_stack(frames: list[Any], native: str | None = None) -> str:
     """The frames outside the engine machinery (the cell and the libraries it called), one
-    ``File "path", line N in name`` a line, outermost first, as a traceback reads."""
+    ``File "path", line N in name`` a line, outermost first, as a traceback reads; the
+    innermost frame's call of JAX's native ``native`` (it has no frame) last."""
     lines = []
     for filename, lineno, name in frames:
         if FRAMEWORK.search(filename):
@@ -56,4 +59,6 @@ def user_stack(frames: list[Any]) -> str:
         in_cell = ipykernel_internals.CELL_FILE.search(filename)
         shown = "<cell>" if in_cell else SITE_PACKAGES.sub("", filename)
         lines.append(f'File "{shown}", line {lineno} in {name}')
+    if native in NATIVE_WAITS and lines:
+        lines.append(native_frame(native))
     return "\n".join(lines)

@@ -3,8 +3,9 @@
 Some processes have ended the cell and others still run. A running process is *waiting on the
 others* when both hold:
 
-- its main thread is inside JAX (the innermost Python frame is in a ``jax``/``jaxlib`` file:
-  waiting for a result, a transfer or a barrier), and
+- its main thread is inside JAX (the innermost Python frame is in a ``jax``/``jaxlib`` file,
+  or calls one of jax.Array's native waits, ``NATIVE_WAITS``: waiting for a result, a
+  transfer or a barrier), and
 - the multi-process program it last dispatched this cell (its dispatch record, kept by
   ``engine/dispatch.py``) needs a process that has ended, or died, having dispatched that
   program fewer times, or a process outside the cell's targets, which never runs it.
@@ -34,7 +35,9 @@ COLLECTIVE_FAILURE = re.compile(
     r"DEADLINE_EXCEEDED|GetKeyValue\(\) timed out|[Gg]loo|NCCL|[Cc]ollective|"
     r"connection (reset|refused|closed)"
 )
-JAX_FRAME = re.compile(r'File "(?:[^"]*/)?(?:jax|jaxlib)/[^"]*", line \d+ in (\S+)')
+JAX_FRAME = re.compile(r'File "(?:[^"]*/)?(?:jax|jaxlib)(?:/[^"]*| \(native\))", line \d+ in (\S+)')
+# jax.Array's methods that wait for results in native code, with no Python frame of JAX's
+NATIVE_WAITS = ("block_until_ready",)
 CELL_FRAME = re.compile(r'File "<cell>", line (\d+)')
 
 
@@ -57,6 +60,11 @@ def jax_function(stack: str) -> str | None:
         return None
     found = JAX_FRAME.match(frames[-1])
     return found.group(1) if found else None
+
+
+def native_frame(name: str) -> str:
+    """A stack's line for a call of JAX's native ``name`` (``NATIVE_WAITS``)."""
+    return f'File "jaxlib (native)", line 0 in {name}'
 
 
 def cell_line(stack: str) -> int | None:

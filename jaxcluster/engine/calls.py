@@ -15,6 +15,7 @@ level ends on the event loop, later).
 from __future__ import annotations
 
 import asyncio
+import dis
 import json
 import sys
 import threading
@@ -30,15 +31,37 @@ Reply = dict[str, Any]
 
 
 def where() -> dict[str, Any]:
-    """Where the main thread is (its frames as ``[file, line, function]``, outermost first),
-    the multi-process program it dispatched last (``dispatch.latest``), and the prompt it waits
-    on an answer to (``stdin.asking``)."""
+    """Where the main thread is (its frames as ``[file, line, function]``, outermost first,
+    and the method without arguments its innermost frame is calling, ``native``: a native one
+    makes no frame of its own), the multi-process program it dispatched last
+    (``dispatch.latest``), and the prompt it waits on an answer to (``stdin.asking``)."""
     frame = sys._current_frames().get(threading.main_thread().ident or 0)
-    stack = []
+    stack: list[list[Any]] = []
+    native = None
     if frame is not None:  # walk_stack(None) would walk this thread
         frames = traceback.StackSummary.extract(traceback.walk_stack(frame), lookup_lines=False)
         stack = [[f.filename, f.lineno, f.name] for f in reversed(frames)]
-    return {"stack": stack, "dispatch": dispatch.latest(), "asking": stdin.asking()}
+        native = _calling(frame)
+    return {"stack": stack, "native": native, "dispatch": dispatch.latest(),
+            "asking": stdin.asking()}
+
+
+def _calling(frame: Any) -> str | None:
+    """The name of the method ``frame`` calls without arguments (``y.block_until_ready()``),
+    read off its bytecode, if the instruction it is in is that call; else None."""
+    try:
+        method = None
+        for instruction in dis.get_instructions(frame.f_code):
+            if instruction.offset >= frame.f_lasti:
+                called = instruction.opname == "CALL" and instruction.arg == 0
+                return method if called else None
+            if instruction.opname in ("LOAD_METHOD", "LOAD_ATTR"):
+                method = instruction.argval
+            elif instruction.opname not in ("PRECALL", "PUSH_NULL", "CACHE"):
+                method = None
+    except Exception:  # a code object dis cannot read: nothing is claimed
+        return None
+    return None
 
 
 def memory() -> dict[str, Any]:
