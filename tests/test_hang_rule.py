@@ -111,8 +111,9 @@ def test_only_programs_that_may_wait_on_others_are_counted(ip, cluster):
                             ), text
 
 
-def test_skip_a_collective_is_a_hang_reported_in_time(ip, cluster):
-    before = pids(cluster)
+def hung_in_time(cluster, code):
+    """``code`` run with the hang rule on; its result, once the failure was reported within
+    ``HANG_AFTER`` + 5 s, and the report."""
     reported: list[float] = []
     began = time.monotonic()
 
@@ -120,12 +121,15 @@ def test_skip_a_collective_is_a_hang_reported_in_time(ip, cluster):
         if result.failure and not reported:
             reported.append(time.monotonic() - began)
 
-    result = cluster.run(
-        "if jax.process_index() != 0:\n    total = float(jax.jit(jnp.sum)(x))",
-        hang_after=HANG_AFTER, on_update=on_update,
-    )
+    result = cluster.run(code, hang_after=HANG_AFTER, on_update=on_update)
     assert reported and reported[0] < HANG_AFTER + 5, reported
-    report = "\n".join(failure_lines(result))
+    return result, "\n".join(failure_lines(result))
+
+
+def test_skip_a_collective_is_a_hang_reported_in_time(ip, cluster):
+    before = pids(cluster)
+    result, report = hung_in_time(
+        cluster, "if jax.process_index() != 0:\n    total = float(jax.jit(jnp.sum)(x))")
     assert (
         "The cell hung: processes 1-3 wait in `jit(sum)` over 8 devices on 4 processes; "
         "process 0 ended without running it" in report
@@ -143,18 +147,9 @@ def test_skip_a_collective_is_a_hang_reported_in_time(ip, cluster):
 
 def test_a_skipped_collective_waited_for_by_block_until_ready_is_a_hang(ip, cluster):
     """``block_until_ready`` waits in native code: no frame of JAX's shows on the stack."""
-    began, reported = time.monotonic(), []
-
-    def on_update(result):
-        if result.failure and not reported:
-            reported.append(time.monotonic() - began)
-
-    result = cluster.run(
-        "if jax.process_index() != 0:\n    y = jax.jit(jnp.sum)(x)\n    y.block_until_ready()",
-        hang_after=HANG_AFTER, on_update=on_update,
-    )
-    assert reported and reported[0] < HANG_AFTER + 5, reported
-    report = "\n".join(failure_lines(result))
+    result, report = hung_in_time(
+        cluster,
+        "if jax.process_index() != 0:\n    y = jax.jit(jnp.sum)(x)\n    y.block_until_ready()")
     assert ("processes 1-3 wait in `jit(sum)` over 8 devices on 4 processes; "
             "process 0 ended without running it" in report)
     assert all("in block_until_ready" in p.stack for p in result.processes[1:])
