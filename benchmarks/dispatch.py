@@ -7,15 +7,17 @@ process twice: until it returns (its dispatch) and until its result is ready (th
 process's figure is its fastest call, a round's figure the median over the processes: on
 this 2-core machine four busy processes take turns, and a minimum is a call that ran alone.
 The cluster and the plain processes both stay up for the whole run, and their rounds
-alternate, with a third arm: the same engines with the dispatch record off, which tells the
-record's own cost from the engine's. A run's ratio is the median of its rounds' ratios; runs
-go on until two in a row agree (within ``AGREE``), and the last two are reported (target ≤
-1.05).
+alternate, with two more arms: the same engines with the dispatch record off, which tells the
+record's own cost from the engine's, and with a post hook that does nothing in its place,
+which tells what JAX's call of any Python post hook costs from what ours does in it. A run's
+ratio is the median of its rounds' ratios; runs go on until two in a row agree (within
+``AGREE``), and the last two are reported (target ≤ 1.05).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import subprocess
@@ -35,6 +37,10 @@ MAX_RUNS = 5
 RESULT = "_dispatch_per_call"
 RECORD_OFF = "from jaxcluster.engine import dispatch as _record\n_record.uninstall()"
 RECORD_ON = "from jaxcluster.engine import dispatch as _record\n_record.install()"
+NOOP_HOOK = ("from jaxcluster.engine import jax_internals as _adapter\n"
+             "_adapter.dispatch_hooks().set_post_hooks(lambda *a: None, lambda *a: None)")
+NO_HOOK = "_adapter.dispatch_hooks().set_post_hooks(None, None)"
+ARMS = ("record", "plain", "off", "noop")  # a round's arms, in the order they turn
 LOOP = f"""\
 import time
 import jax
@@ -110,30 +116,31 @@ class Plain:
                 proc.wait(10)
 
 
-def _ours(cluster: JaxCluster, record: bool = True) -> list[tuple[float, float]]:
-    """The loop in the cluster's engines; without the dispatch record (JAX's own dispatch,
-    as with ``JAXCLUSTER_DISPATCH_RECORD=0``) where ``record`` is False."""
-    if not record:
-        cluster.run(RECORD_OFF).check()
+def _ours(cluster: JaxCluster, arm: str = "record") -> list[tuple[float, float]]:
+    """The loop in the cluster's engines: with the dispatch record, without it ("off": JAX's
+    own dispatch, as with ``JAXCLUSTER_DISPATCH_RECORD=0``), or with a post hook that does
+    nothing in its place ("noop")."""
+    if arm != "record":
+        cluster.run(RECORD_OFF + ("\n" + NOOP_HOOK if arm == "noop" else "")).check()
     try:
         cluster.run(LOOP).check()
     finally:
-        if not record:
-            cluster.run(RECORD_ON).check()
+        if arm != "record":
+            cluster.run((NO_HOOK + "\n" if arm == "noop" else "") + RECORD_ON).check()
     return [(float(d), float(w)) for d, w in cluster.view.pull(RESULT, block=True)]
 
 
 def _round(cluster: JaxCluster, plain: Plain, turn: int) -> list[tuple[float, ...]]:
-    """One round, its three arms in an order that turns round by round: for the dispatch
-    and for the step, (ours, plain, ours without the record), each the median over the
-    processes of their fastest call."""
+    """One round, its arms (``ARMS``) in an order that turns round by round: for the dispatch
+    and for the step, each arm's median over the processes of their fastest call."""
     arms: list[Callable[[], list[tuple[float, float]]]] = [
-        lambda: _ours(cluster), plain.round, lambda: _ours(cluster, record=False)]
-    order = [(turn + k) % 3 for k in range(3)]
+        plain.round if arm == "plain" else functools.partial(_ours, cluster, arm)
+        for arm in ARMS]
     got: dict[int, list[tuple[float, float]]] = {}
-    for arm in order:
+    for k in range(len(ARMS)):
+        arm = (turn + k) % len(ARMS)
         got[arm] = arms[arm]()
-    return [tuple(median([p[i] for p in got[arm]]) for arm in range(3)) for i in (0, 1)]
+    return [tuple(median([p[i] for p in got[arm]]) for arm in range(len(ARMS))) for i in (0, 1)]
 
 
 def run(settings: Settings) -> Table:
@@ -143,7 +150,7 @@ def run(settings: Settings) -> Table:
     cluster = JaxCluster(nodes=NODES, devices_per_node=DEVICES, platform="cpu")
     plain = None
     runs: list[list[float]] = []  # per run: [dispatch ratio, step ratio]
-    # dispatch, step: (ours, plain, ours without the record) a round
+    # dispatch, step: each of ``ARMS`` a round
     times: list[list[tuple[float, ...]]] = [[], []]
     try:
         cluster.start()
@@ -175,10 +182,13 @@ def run(settings: Settings) -> Table:
                   f"≤ {TARGET:g}, runs within {AGREE:.0%}", agree and max(pair) <= TARGET)
     off = [median([r[0] / r[2] for r in times[i]]) for i in (0, 1)]
     bare = [median([r[2] / r[1] for r in times[i]]) for i in (0, 1)]
+    noop = [median([r[3] / r[2] for r in times[i]]) for i in (0, 1)]
     table.notes.append(
-        "Where it goes, every round's three arms alternating: the same engines without the "
-        f"dispatch record ran at {bare[0]:.3f} (dispatch) and {bare[1]:.3f} (step) of the "
-        f"plain processes; the record costs {off[0]:.3f} and {off[1]:.3f} of them without it.")
+        f"Where it goes, every round's {len(ARMS)} arms alternating: the same engines without "
+        f"the dispatch record ran at {bare[0]:.3f} (dispatch) and {bare[1]:.3f} (step) of the "
+        f"plain processes; the record costs {off[0]:.3f} and {off[1]:.3f} of them without it, "
+        f"and a post hook that does nothing {noop[0]:.3f} and {noop[1]:.3f} (JAX's own call of "
+        "a Python post hook, before anything in it runs).")
     table.notes.append("Ratios of every run (dispatch, step): " + "; ".join(
         f"{d:.3f}, {w:.3f}" for d, w in runs) + ". Times: medians over every round.")
     table.notes.append("Baseline: 4 Python processes that call `jax.distributed.initialize` "
