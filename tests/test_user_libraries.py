@@ -59,7 +59,7 @@ with jax.set_mesh(mesh):
     losses = [train_step(model, optimizer, x, y) for _ in range(5)]
 if jax.process_index() == 0:
     print([f"{float(loss):.5f}" for loss in losses], model.l1.kernel[...].sharding.spec)
-    print(model.l1.kernel[...][0, :4], x[-1, -3:])
+    print([f"{float(w):.5f}" for w in model.l1.kernel[...][0, :4]], x[-1, -3:])
 """
 
 
