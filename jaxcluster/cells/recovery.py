@@ -1,6 +1,7 @@
 """Setup cells: what a restart gives back.
 
-A restart replaces every engine, so every process's state is lost. The cells run with
+A restart replaces every engine: what a process held is gone unless it is carried across
+(``carry.py``), and modules and meshes come back only by running code again. The cells run with
 ``setup=True`` (``%%spmd --setup``) that succeeded on every process they ran on are kept with
 their targets, and replayed in order after every restart, each on its own targets again, so
 that imports, meshes and loaded data come back by themselves.
