@@ -37,10 +37,9 @@ MADE_BY = ("device_put", "make_array_from_callback", "make_array_from_single_dev
 PRINT_OPTIONS = ("precision", "threshold", "edgeitems", "linewidth", "suppress", "nanstr",
                  "infstr", "sign", "floatmode", "legacy")
 
-# An array's number is an int: its cell in the bits above CELL_SHIFT, below them how many of
-# its layout were made in that cell up to it. Numbering is on the path of every multi-process
-# program's call, so it is a tally's count and an attribute on the array; an owner finds a
-# numbered array among JAX's live arrays when a reader asks for it.
+# An array's number: its cell in the bits above CELL_SHIFT, below them how many of its layout
+# were made in that cell up to it; a tally's count, kept on the array (every multi-process
+# call numbers), found among JAX's live arrays when a reader asks for it.
 CELL_SHIFT = 32
 IN_CELL = (1 << CELL_SHIFT) - 1
 KEEP_REACHED = 256  # (layout, cell) counts kept before those with no live array are dropped
@@ -48,8 +47,6 @@ LAYOUTS_KNOWN = 4096  # layouts of arrays remembered by their sharding, shape an
 
 _tallies: dict[str, Tally] = {}  # layout -> its tally: counts from the current cell's base
 _reached: dict[tuple[str, int], int] = {}  # (layout, earlier cell) -> arrays made in it
-_waiting = waiters  # owners waiting in ``made``: only then does numbering wake them
-_making = paused  # calls of ``MADE_BY`` functions under way (``_numbering``)
 _printed: dict[str, dict[str, Any]] = {}  # key -> what this process saw when it printed it
 _state: dict[str, Any] = {"installed": False, "cell": 0, "ended": 0}
 _pinned: dict[str, list[Any]] = {}  # key -> [array, reads still to serve] (``pin``)
@@ -121,12 +118,12 @@ def _numbering(make: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(make)
     def numbered(*args: Any, **kwargs: Any) -> Any:
-        _making[0] += 1
+        paused[0] += 1
         try:
             made = make(*args, **kwargs)
         finally:
-            _making[0] -= 1
-        if _making[0]:
+            paused[0] -= 1
+        if paused[0]:
             return made
         with contextlib.suppress(Exception):  # numbering never breaks JAX's own call
             import jax
@@ -150,7 +147,7 @@ def _plan_numbering(program: Any, outputs: Sequence[Any]) -> Observer | None:
             if (layout := _numbered_layout(leaf)) is not None]
     if not plan:
         return None
-    making, waiting = _making, _waiting
+    making, waiting = paused, waiters
 
     def number(outs: Sequence[Any]) -> None:
         if making[0]:
@@ -190,17 +187,15 @@ def _layout(sharding: Any, shape: tuple[int, ...], dtype: str) -> str:
 
 def _tally_of(layout: str) -> Tally:
     """The tally of ``layout``'s arrays, new at its first (counting from this cell)."""
-    tally = _tallies.get(layout)
-    if tally is None:
-        tally = _tallies[layout] = Tally(layout, _state["cell"] << CELL_SHIFT)
-    return tally
+    known = _tallies.get(layout)
+    return known or _tallies.setdefault(layout, Tally(layout, _state["cell"] << CELL_SHIFT))
 
 
 def _register(arr: Any, layout: str) -> None:
     tally = _tally_of(layout)
     tally.count = number = tally.count + 1
     setattr(arr, NUMBER, number)
-    if _waiting[0]:  # read after the number is set: a waiter that came since sees it
+    if waiters[0]:  # read after the number is set: a waiter that came since sees it
         _wake()
 
 
@@ -209,15 +204,23 @@ def _wake() -> None:
         _changed.notify_all()
 
 
+def _parse(key: str) -> tuple[str, int, int]:
+    """A key's layout, the cell its array was made in, and its count in that cell."""
+    layout, cell, count = key.rsplit(".", 2)
+    return layout, int(cell), int(count)
+
+
+def _counting(layout: str, cell: int) -> Tally | None:
+    """``layout``'s tally where it counts ``cell``'s arrays (the current cell's), else None."""
+    tally = _tallies.get(layout)
+    return tally if tally is not None and tally.count >> CELL_SHIFT == cell else None
+
+
 def _lookup(key: str) -> tuple[Any, bool]:
     """The live array of ``key`` (or None), and whether its number was reached in its cell."""
-    layout, made_in, in_cell = key.rsplit(".", 2)
-    cell, count = int(made_in), int(in_cell)
-    tally = _tallies.get(layout)
-    if tally is not None and tally.count >> CELL_SHIFT == cell:
-        reached = tally.count & IN_CELL
-    else:
-        reached = _reached.get((layout, cell), 0)
+    layout, cell, count = _parse(key)
+    tally = _counting(layout, cell)
+    reached = tally.count & IN_CELL if tally else _reached.get((layout, cell), 0)
     if reached < count:
         return None, _state["cell"] > cell
     return _find(layout, cell << CELL_SHIFT | count), True
@@ -249,18 +252,18 @@ def made(key: str, timeout: float) -> Any:
     (a reader may run ahead of its owners). Raises ``LookupError``: "deleted" where it was
     made and is gone, "not made" where its cell ended, or ``timeout`` passed, without it.
     Called from the shard server's threads."""
-    cell = int(key.rsplit(".", 2)[1])
+    cell = _parse(key)[1]
 
     def ready() -> bool:
         found, gone_by = _lookup(key)
         return key in _pinned or found is not None or gone_by or _state["ended"] >= cell
 
     with _changed:
-        _waiting[0] += 1  # before the first look: numbering after it wakes this one
+        waiters[0] += 1  # before the first look: numbering after it wakes this one
         try:
             _changed.wait_for(ready, timeout)
         finally:
-            _waiting[0] -= 1
+            waiters[0] -= 1
         found, gone_by = _lookup(key)
         found = _pinned[key][0] if key in _pinned else found
         if found is None:
@@ -413,15 +416,14 @@ def continue_from(cell: int) -> None:
 
 def renumber(arr: Any, key: str) -> None:
     """Give ``arr`` the key another process's array had (one kept across a restart)."""
-    layout, made_in, in_cell = key.rsplit(".", 2)
-    cell, count = int(made_in), int(in_cell)
+    layout, cell, count = _parse(key)
+    number = cell << CELL_SHIFT | count
     with _changed:
-        tally = _tallies.get(layout)
-        if tally is not None and tally.count >> CELL_SHIFT == cell:
-            tally.count = max(tally.count, cell << CELL_SHIFT | count)
+        if tally := _counting(layout, cell):
+            tally.count = max(tally.count, number)
         else:
             _reached[(layout, cell)] = max(_reached.get((layout, cell), 0), count)
-        setattr(arr, NUMBER, cell << CELL_SHIFT | count)
+        setattr(arr, NUMBER, number)
         _changed.notify_all()
 
 
