@@ -7,11 +7,13 @@ process twice: until it returns (its dispatch) and until its result is ready (th
 process's figure is its fastest call, a round's figure the median over the processes: on
 this 2-core machine four busy processes take turns, and a minimum is a call that ran alone.
 The cluster and the plain processes both stay up for the whole run, and their rounds
-alternate, with two more arms: the same engines with the dispatch record off, which tells the
-record's own cost from the engine's, and with a post hook that does nothing in its place,
-which tells what JAX's call of any Python post hook costs from what ours does in it. A run's
-ratio is the median of its rounds' ratios; runs go on until two in a row agree (within
-``AGREE``), and the last two are reported (target ≤ 1.05).
+alternate, with three more arms: the same engines with the dispatch record off, which tells
+the record's own cost from the engine's; with a post hook that does nothing in its place, which
+tells what JAX's call of any Python post hook costs from what ours does in it; and with the
+record off and the stack JAX records at every call left whole (``engine/tracebacks.py``
+bounds it to the cell's frames), which tells what that bound saves. A run's ratio is the
+median of its rounds' ratios; runs go on until two in a row agree (within ``AGREE``), and the
+last two are reported (target ≤ 1.05).
 """
 
 from __future__ import annotations
@@ -40,7 +42,9 @@ RECORD_ON = "from jaxcluster.engine import dispatch as _record\n_record.install(
 NOOP_HOOK = ("from jaxcluster.engine import jax_internals as _adapter\n"
              "_adapter.dispatch_hooks().set_post_hooks(lambda *a: None, lambda *a: None)")
 NO_HOOK = "_adapter.dispatch_hooks().set_post_hooks(None, None)"
-ARMS = ("record", "plain", "off", "noop")  # a round's arms, in the order they turn
+WHOLE_STACK = "from jaxcluster.engine import tracebacks as _bound\n_bound.uninstall()"
+BOUND_STACK = "_bound.install(get_ipython())"
+ARMS = ("record", "plain", "off", "noop", "stack")  # a round's arms, in the order they turn
 LOOP = f"""\
 import time
 import jax
@@ -118,15 +122,20 @@ class Plain:
 
 def _ours(cluster: JaxCluster, arm: str = "record") -> list[tuple[float, float]]:
     """The loop in the cluster's engines: with the dispatch record, without it ("off": JAX's
-    own dispatch, as with ``JAXCLUSTER_DISPATCH_RECORD=0``), or with a post hook that does
-    nothing in its place ("noop")."""
-    if arm != "record":
-        cluster.run(RECORD_OFF + ("\n" + NOOP_HOOK if arm == "noop" else "")).check()
+    own dispatch, as with ``JAXCLUSTER_DISPATCH_RECORD=0``), with a post hook that does
+    nothing in its place ("noop"), or without it and with the stack JAX records at each call
+    left whole ("stack": ipykernel's frames above the cell, as before ``engine/tracebacks``)."""
+    before = {"record": "", "off": RECORD_OFF, "noop": RECORD_OFF + "\n" + NOOP_HOOK,
+              "stack": RECORD_OFF + "\n" + WHOLE_STACK}[arm]
+    after = {"record": "", "off": RECORD_ON, "noop": NO_HOOK + "\n" + RECORD_ON,
+             "stack": BOUND_STACK + "\n" + RECORD_ON}[arm]
+    if before:
+        cluster.run(before).check()
     try:
         cluster.run(LOOP).check()
     finally:
-        if arm != "record":
-            cluster.run((NO_HOOK + "\n" if arm == "noop" else "") + RECORD_ON).check()
+        if after:
+            cluster.run(after).check()
     return [(float(d), float(w)) for d, w in cluster.view.pull(RESULT, block=True)]
 
 
@@ -146,7 +155,7 @@ def _round(cluster: JaxCluster, plain: Plain, turn: int) -> list[tuple[float, ..
 def run(settings: Settings) -> Table:
     table = Table("dispatch", f"a jitted step, {NODES} processes × {DEVICES} CPU devices: "
                   "%%spmd against plain processes")
-    rounds = 2 if settings.quick else 20
+    rounds = 2 if settings.quick else 40
     cluster = JaxCluster(nodes=NODES, devices_per_node=DEVICES, platform="cpu")
     plain = None
     runs: list[list[float]] = []  # per run: [dispatch ratio, step ratio]
@@ -183,12 +192,15 @@ def run(settings: Settings) -> Table:
     off = [median([r[0] / r[2] for r in times[i]]) for i in (0, 1)]
     bare = [median([r[2] / r[1] for r in times[i]]) for i in (0, 1)]
     noop = [median([r[3] / r[2] for r in times[i]]) for i in (0, 1)]
+    whole = [median([r[4] / r[2] for r in times[i]]) for i in (0, 1)]
     table.notes.append(
         f"Where it goes, every round's {len(ARMS)} arms alternating: the same engines without "
         f"the dispatch record ran at {bare[0]:.3f} (dispatch) and {bare[1]:.3f} (step) of the "
         f"plain processes; the record costs {off[0]:.3f} and {off[1]:.3f} of them without it, "
         f"and a post hook that does nothing {noop[0]:.3f} and {noop[1]:.3f} (JAX's own call of "
-        "a Python post hook, before anything in it runs).")
+        "a Python post hook, before anything in it runs). Without the record and with the "
+        f"whole stack recorded at each call, they ran at {whole[0]:.3f} and {whole[1]:.3f} of "
+        "themselves without the record (the stack bounded).")
     table.notes.append("Ratios of every run (dispatch, step): " + "; ".join(
         f"{d:.3f}, {w:.3f}" for d, w in runs) + ". Times: medians over every round.")
     table.notes.append("Baseline: 4 Python processes that call `jax.distributed.initialize` "

@@ -27,6 +27,7 @@ from jaxcluster.engine import (
     process,
     session,
     sigint,
+    tracebacks,
     values,
 )
 from tests.test_architecture import modules
@@ -162,7 +163,8 @@ def test_only_the_session_registers_ipythons_callbacks():
 
 # -- an IPython that lacks what a probe looks for ----------------------------------------------
 
-PROBES = [ipython_internals.cell_names, ipython_internals._run_code]
+PROBES = [ipython_internals.cell_names, ipython_internals._run_code,
+          ipython_internals._runs_code]
 
 
 @pytest.fixture
@@ -195,8 +197,17 @@ def test_without_run_code_an_interrupt_lands_anywhere(probed_afresh, monkeypatch
     assert list(probed_afresh) == ["interrupts in the cell's code alone"]
 
 
+def test_without_run_code_jax_records_the_whole_stack(probed_afresh, monkeypatch):
+    monkeypatch.delattr(InteractiveShell, "run_code")
+    shell = SimpleNamespace()
+    assert tracebacks.install(shell) is False
+    assert vars(shell) == {}  # nothing put in its place
+    assert list(probed_afresh) == ["JAX's tracebacks of the cell alone"]
+
+
 def test_ipython_itself_has_what_every_probe_looks_for(probed_afresh):
     assert ipython_internals._run_code() is InteractiveShell.run_code.__code__
+    assert ipython_internals._runs_code() is InteractiveShell.run_code
     assert sigint.in_code(sys._getframe()) is False
     assert probed_afresh == {}
 

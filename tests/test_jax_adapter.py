@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 from pathlib import Path
+from types import SimpleNamespace
 
 import jax
 import jax.numpy as jnp
@@ -15,7 +16,16 @@ from jax._src.interpreters import pxla
 from jax._src.lib import _jax
 
 from jaxcluster.cluster import queries
-from jaxcluster.engine import dispatch, jax_internals, reads, scripts, session, shards, values
+from jaxcluster.engine import (
+    dispatch,
+    jax_internals,
+    reads,
+    scripts,
+    session,
+    shards,
+    tracebacks,
+    values,
+)
 from tests.test_architecture import modules
 
 ADAPTER = "jaxcluster.engine.jax_internals"
@@ -93,7 +103,9 @@ def test_jax_internals_are_reached_in_the_adapter_alone():
 
 PROBES = [jax_internals.array_hooks, jax_internals._distributed_state,
           jax_internals._cpu_backend_hooks, jax_internals._backends_made,
-          jax_internals.dispatch_hooks]
+          jax_internals.dispatch_hooks, jax_internals.traceback_scope]
+# jaxlib's bound on the stack JAX records came in 0.9.1: before it, that feature alone is off
+LACKS_SCOPE = not hasattr(_jax, "TracebackScope")
 
 
 @pytest.fixture
@@ -165,15 +177,31 @@ def test_without_jits_python_path_the_dispatch_record_is_off(probed_afresh, monk
     the_rest_works()
 
 
+def test_without_jaxlibs_traceback_scope_jax_records_the_whole_stack(probed_afresh,
+                                                                     monkeypatch):
+    if not LACKS_SCOPE:
+        monkeypatch.delattr(_jax, "TracebackScope")
+    shell = SimpleNamespace()
+    assert tracebacks.install(shell) is False
+    assert vars(shell) == {}  # IPython's run_code left as it was
+    one_line_for("JAX's tracebacks of the cell alone", probed_afresh, "jaxlib's TracebackScope")
+    monkeypatch.undo()
+    the_rest_works()
+
+
 def test_a_probe_runs_once():
     assert jax_internals.array_hooks() is jax_internals.array_hooks()
     assert jax_internals.dispatch_hooks() is jax_internals.dispatch_hooks()
 
 
 def test_jax_itself_has_what_every_probe_looks_for(probed_afresh):
-    found = [probe() for probe in PROBES]
-    assert probed_afresh == {}
-    assert all(hooks is not None for hooks in found), jax.__version__
+    found = {probe: probe() for probe in PROBES}
+    if LACKS_SCOPE:
+        assert found.pop(jax_internals.traceback_scope) is None
+        assert list(probed_afresh) == ["JAX's tracebacks of the cell alone"]
+    else:
+        assert probed_afresh == {}
+    assert all(hooks is not None for hooks in found.values()), jax.__version__
 
 
 # -- JAX's own post hook under ours ----------------------------------------------------------

@@ -290,6 +290,34 @@ def test_a_cell_that_awaits_at_top_level_runs_on_every_process(ip):
     assert text.strip() == "[processes 0-3]\nawaited 4"
 
 
+RECORDED = ("from jax._src.lib import _jax\n"
+            "def recorded():\n"
+            "    return [f.function_name for f in _jax.Traceback.get_traceback().frames]\n")
+
+
+def test_jax_records_the_cells_frames_alone_as_in_a_plain_process(ip):
+    """JAX records the stack at every dispatch, frame by frame: in an engine it ends at the
+    cell and IPython's ``run_code``, as at a script's module in a plain process, not at
+    ipykernel's event loop twenty frames up; so too in and after a cell that awaited, and
+    after one that failed."""
+    short = "[processes 0-3]\n['recorded', '<module>', 'InteractiveShell.run_code']"
+    text, _ = spmd(ip, RECORDED + "print(recorded())")
+    assert text.strip() == short
+    # a cell that awaits: the statement that awaits records the whole stack, the others not
+    text, _ = spmd(ip, "import asyncio\nframes = await asyncio.sleep(0, recorded())\n"
+                       "print(len(frames) > 3, recorded())")
+    assert text.strip() == short.replace("\n", "\nTrue ")
+    failing_spmd(ip, "raise ValueError('on purpose')")
+    text, _ = spmd(ip, "print(recorded())")
+    assert text.strip() == short
+    # the bound is what makes it short: without it, the whole stack
+    spmd(ip, "from jaxcluster.engine import tracebacks\ntracebacks.uninstall()")
+    text, _ = spmd(ip, "print(len(recorded()) > 3)\nassert tracebacks.install(get_ipython())")
+    assert text.strip() == "[processes 0-3]\nTrue"
+    text, _ = spmd(ip, "print(recorded())")
+    assert text.strip() == short
+
+
 def test_an_interrupt_cancels_a_cell_that_awaits_and_keeps_the_state(ip, cluster):
     old = [p.pid for p in cluster.processes]
     spmd(ip, "kept = jax.process_index()")

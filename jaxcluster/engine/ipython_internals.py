@@ -5,7 +5,8 @@ prints at start), and the rest works. Elsewhere the engine uses IPython's public
 (``get_ipython()``, ``shell.events``, ``run_cell``). The patch of IPython made through it:
 
 - the shell's compiler's ``format_code_name`` (``cells``: the notebook's cell numbers in
-  tracebacks).
+  tracebacks);
+- the shell's ``run_code`` (``tracebacks``: a cell's code runs inside a context of JAX's).
 
 Also here: IPython's ``_render_traceback_`` protocol and the frame of ``run_code`` that tells a
 cell's own code from IPython's callbacks (``sigint``).
@@ -14,6 +15,7 @@ cell's own code from IPython's callbacks (``sigint``).
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from types import CodeType
 from typing import Any
@@ -88,6 +90,36 @@ def in_cell_code(frame: Any) -> bool:
             return True
         frame = frame.f_back
     return False
+
+
+@_probed("JAX's tracebacks of the cell alone", "InteractiveShell.run_code",
+         "JAX reads the engine's whole stack at every dispatch, not the cell's alone")
+def _runs_code() -> Callable[..., Any]:
+    from IPython.core.interactiveshell import InteractiveShell
+
+    method: Callable[..., Any] = InteractiveShell.run_code
+    return method
+
+
+def run_code_within(shell: Any, scope: Callable[[], AbstractContextManager[Any]]
+                    ) -> Callable[[], None] | None:
+    """Each cell's code runs inside ``scope()``, entered in a frame of ours just outside
+    IPython's ``run_code`` (its caller's frame is the one a scope may name); what undoes it, or
+    None where this IPython lacks ``run_code``. Code that awaits at top level runs outside it:
+    while it waits, the event loop runs other code on this thread, and scopes would nest out
+    of order."""
+    if _runs_code() is None:
+        return None
+    original = shell.run_code
+
+    async def run_code(code_obj: Any, result: Any = None, *, async_: bool = False) -> Any:
+        if async_:
+            return await original(code_obj, result, async_=async_)
+        with scope():
+            return await original(code_obj, result, async_=async_)
+
+    shell.run_code = run_code
+    return lambda: delattr(shell, "run_code")  # the class's own again
 
 
 def render_traceback_with(error: BaseException, render: Callable[[], list[str]]) -> None:

@@ -9,6 +9,8 @@ functions hand it. The patches of JAX made through it:
   functions that ``values`` wraps;
 - ``pxla.ExecuteReplicated.__call__`` and jit's post hook (``dispatch``);
 - the CPU backend's factory, for gloo on the engine's address (``process``).
+
+Not a patch: jaxlib's ``TracebackScope``, entered around each cell's code (``tracebacks``).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
 
@@ -186,7 +189,19 @@ def backends_initialized() -> bool:
     return made is not None and made()
 
 
-# -- tracebacks (``sigint``) ------------------------------------------------------------------
+# -- tracebacks (``sigint``, ``tracebacks``) --------------------------------------------------
+
+@_probed("JAX's tracebacks of the cell alone", "jaxlib's TracebackScope",
+         "JAX reads the engine's whole stack at every dispatch, not the cell's alone")
+def traceback_scope() -> Callable[[], AbstractContextManager[Any]]:
+    """jaxlib's bound on the stack JAX records (``Traceback.get_traceback``, at every dispatch
+    and every operation bound): entered, the frame it is entered in and those above it are
+    left out of what is recorded below it."""
+    from jax._src.lib import _jax
+
+    scope: Callable[[], AbstractContextManager[Any]] = _jax.TracebackScope
+    return scope
+
 
 def internal_folders() -> tuple[str, ...]:
     """The folders of JAX's internals (``jax/_src``) and of jaxlib, whose frames a traceback

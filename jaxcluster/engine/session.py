@@ -29,6 +29,7 @@ from . import (
     sharding,
     shards,
     stdin,
+    tracebacks,
     values,
 )
 
@@ -113,6 +114,7 @@ PARTS = (
     # tracebacks then name it
     Part("cell numbers", _with_shell(cells.install),
          new_cell=lambda session: cells.new_cell(session.shell)),
+    Part("the stack JAX records", _with_shell(tracebacks.install)),
     # numbering before the dispatch record: it plans what numbers each program's outputs
     # (``dispatch.output_planners``), asked at a program's first call
     Part("global values", lambda _: values.install(),
