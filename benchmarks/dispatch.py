@@ -45,6 +45,10 @@ NO_HOOK = "_adapter.dispatch_hooks().set_post_hooks(None, None)"
 WHOLE_STACK = "from jaxcluster.engine import tracebacks as _bound\n_bound.uninstall()"
 BOUND_STACK = "_bound.install(get_ipython())"
 ARMS = ("record", "plain", "off", "noop", "stack")  # a round's arms, in the order they turn
+# what each arm in the engines runs before its loop, and after it to put them back
+SWITCHES = {"record": ("", ""), "off": (RECORD_OFF, RECORD_ON),
+            "noop": (RECORD_OFF + "\n" + NOOP_HOOK, NO_HOOK + "\n" + RECORD_ON),
+            "stack": (RECORD_OFF + "\n" + WHOLE_STACK, BOUND_STACK + "\n" + RECORD_ON)}
 LOOP = f"""\
 import time
 import jax
@@ -125,10 +129,7 @@ def _ours(cluster: JaxCluster, arm: str = "record") -> list[tuple[float, float]]
     own dispatch, as with ``JAXCLUSTER_DISPATCH_RECORD=0``), with a post hook that does
     nothing in its place ("noop"), or without it and with the stack JAX records at each call
     left whole ("stack": ipykernel's frames above the cell, as before ``engine/tracebacks``)."""
-    before = {"record": "", "off": RECORD_OFF, "noop": RECORD_OFF + "\n" + NOOP_HOOK,
-              "stack": RECORD_OFF + "\n" + WHOLE_STACK}[arm]
-    after = {"record": "", "off": RECORD_ON, "noop": NO_HOOK + "\n" + RECORD_ON,
-             "stack": BOUND_STACK + "\n" + RECORD_ON}[arm]
+    before, after = SWITCHES[arm]
     if before:
         cluster.run(before).check()
     try:
@@ -189,10 +190,14 @@ def run(settings: Settings) -> Table:
                   f"{median([r[1] for r in times[i]]) * 1e6:.2f} µs",
                   " / ".join(f"{r:.3f}" for r in pair),
                   f"≤ {TARGET:g}, runs within {AGREE:.0%}", agree and max(pair) <= TARGET)
-    off = [median([r[0] / r[2] for r in times[i]]) for i in (0, 1)]
-    bare = [median([r[2] / r[1] for r in times[i]]) for i in (0, 1)]
-    noop = [median([r[3] / r[2] for r in times[i]]) for i in (0, 1)]
-    whole = [median([r[4] / r[2] for r in times[i]]) for i in (0, 1)]
+
+    def ratios(arm: str, to: str) -> list[float]:
+        """Of the dispatch and of the step: the median over rounds of ``arm`` ÷ ``to``."""
+        a, b = ARMS.index(arm), ARMS.index(to)
+        return [median([r[a] / r[b] for r in times[i]]) for i in (0, 1)]
+
+    off, bare, noop, whole = (ratios("record", "off"), ratios("off", "plain"),
+                              ratios("noop", "off"), ratios("stack", "off"))
     table.notes.append(
         f"Where it goes, every round's {len(ARMS)} arms alternating: the same engines without "
         f"the dispatch record ran at {bare[0]:.3f} (dispatch) and {bare[1]:.3f} (step) of the "

@@ -15,7 +15,7 @@ cell's own code from IPython's callbacks (``sigint``).
 from __future__ import annotations
 
 from collections.abc import Callable
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from types import CodeType
 from typing import Any
@@ -113,9 +113,7 @@ def run_code_within(shell: Any, scope: Callable[[], AbstractContextManager[Any]]
     original = shell.run_code
 
     async def run_code(code_obj: Any, result: Any = None, *, async_: bool = False) -> Any:
-        if async_:
-            return await original(code_obj, result, async_=async_)
-        with scope():
+        with nullcontext() if async_ else scope():
             return await original(code_obj, result, async_=async_)
 
     shell.run_code = run_code
