@@ -21,6 +21,7 @@ from jupyter_client.session import Session
 
 from jaxcluster import JaxCluster
 from tests.conftest import stopped_at_the_end
+from tests.ports import free_port
 
 pytestmark = pytest.mark.cluster
 
@@ -217,9 +218,7 @@ def test_a_message_signed_with_a_wrong_key_is_refused(cluster):
 def test_a_coordinator_named_by_hand_listens_on_every_interface():
     # --coordinator may name an address that is not process 0's own (NAT), so JAX's default
     # bind stays: docs/security.md says to firewall the port
-    from jaxcluster.engine.process import claim_port
-
-    port = claim_port()["port"]
+    port = free_port()  # below the ephemeral range: no connection takes it before JAX binds
     c = JaxCluster(nodes=1, devices_per_node=1, coordinator=f"127.0.0.1:{port}", timeout=120)
     c.start()
     with stopped_at_the_end(c):
