@@ -20,7 +20,22 @@ PANEL_SOURCES := labextension/package.json labextension/package-lock.json \
 	labextension/tsconfig.json $(wildcard labextension/src/*.ts labextension/style/*)
 LABEXTENSIONS := $(VENV)/share/jupyter/labextensions
 
-.PHONY: lab test test-oldest-jax lint demo notebooks bench system-deps clean
+# The suite on several workers (pytest-xdist), each given whole files, so a file's shared
+# clusters start once per worker; pytest-randomly orders the tests anew every run and prints
+# its seed ("Using --randomly-seed=N"): PYTEST_ARGS='-p randomly --randomly-seed=N' repeats one.
+WORKERS ?= 3
+PYTEST := IPP_NONINTERACTIVE=1 $(PY) -m pytest -n $(WORKERS) --dist loadfile $(PYTEST_ARGS)
+# What a change to the engine, the cells or the notebook glue most often breaks: the inner
+# loop's check (make test-quick); make test runs these too.
+QUICK_TESTS := tests/test_spmd.py tests/test_cluster.py tests/test_hang_rule.py \
+	tests/test_live_output.py tests/test_output.py tests/test_stdin.py tests/test_call.py \
+	tests/test_targets.py tests/test_global_print.py tests/test_magics_cluster.py \
+	tests/test_magics_config.py tests/test_chatter.py tests/test_inboxes.py \
+	tests/test_architecture.py tests/test_suite_rules.py tests/test_engine_adapters.py \
+	tests/test_jax_adapter.py tests/test_layout_render.py tests/test_options_declared_once.py
+
+.PHONY: lab test test-quick test-oldest-jax setup-for-tests lint demo notebooks bench \
+	system-deps clean
 
 # the kernelspec names the kernel's module: a venv made before it moved installs it again
 $(STAMP): pyproject.toml jaxcluster/notebook/kernelspec.py
@@ -42,8 +57,8 @@ $(PANEL): $(STAMP) $(PANEL_SOURCES)
 $(OLDEST_STAMP): pyproject.toml
 	test -x $(OLDEST)/bin/python || $(PYTHON) -m venv $(OLDEST)
 	$(OLDEST)/bin/python -m pip install -q --upgrade pip
-	$(OLDEST)/bin/python -m pip install -q -e . pytest pytest-timeout \
-		'jax==$(OLDEST_JAX)' 'jaxlib==$(OLDEST_JAX)'
+	$(OLDEST)/bin/python -m pip install -q -e . pytest pytest-timeout pytest-xdist \
+		pytest-randomly 'jax==$(OLDEST_JAX)' 'jaxlib==$(OLDEST_JAX)'
 	touch $@
 
 system-deps:
@@ -60,14 +75,21 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
 
-test: $(PANEL) system-deps lint
-	IPP_NONINTERACTIVE=1 $(PY) -m pytest
-	$(MAKE) test-oldest-jax
+# the set-up's independent steps at once (two venvs' installs, the panel's build, the checks)
+test: setup-for-tests
+	$(PYTEST)
+	$(MAKE) --no-print-directory test-oldest-jax
+
+setup-for-tests:
+	$(MAKE) --no-print-directory -j4 $(PANEL) $(OLDEST_STAMP) system-deps lint
+
+test-quick: $(STAMP)
+	$(PYTEST) $(QUICK_TESTS)
 
 # the core suite on the oldest JAX allowed; the notebooks and the rest need the newest's API
 test-oldest-jax: $(OLDEST_STAMP)
 	IPP_NONINTERACTIVE=1 $(OLDEST)/bin/python -m pytest -o addopts="-ra --strict-markers" \
-		$(CORE_TESTS)
+		-n $(WORKERS) --dist loadfile $(PYTEST_ARGS) $(CORE_TESTS)
 
 # The quick start, headless: prints what its cells show; fails if any cell failed.
 demo: $(STAMP)

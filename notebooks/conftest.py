@@ -49,6 +49,12 @@ NEEDS_MPIEXEC = {"04-multi-host.ipynb"}
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # a tutorial's cells run in their order: pytest-randomly shuffles tests, and this hook runs
+    # after its shuffle, putting the notebooks' cells back where they stand in each notebook
+    places = [i for i, item in enumerate(items) if isinstance(item, IPyNbCell)]
+    cells = sorted((items[i] for i in places), key=lambda c: (str(c.parent.path), c.cell_num))
+    for place, cell in zip(places, cells, strict=True):
+        items[place] = cell
     for item in items:
         if isinstance(item, IPyNbCell):
             item.add_marker(pytest.mark.cluster)

@@ -6,6 +6,7 @@ import os
 import signal
 import time
 import warnings
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -13,6 +14,30 @@ import psutil
 import pytest
 
 os.environ.setdefault("IPP_NONINTERACTIVE", "1")
+
+
+# The files that take longest (`pytest --durations=0`, summed per file), begun first so that
+# pytest-xdist's workers, each given whole files, end together; the rest follow in
+# pytest-randomly's order.
+LONGEST_FIRST = [
+    "tests/test_other_hosts.py", "tests/test_mpi.py", "tests/test_kept.py",
+    "tests/test_keep_state.py", "tests/test_slurm.py", "tests/test_cluster.py",
+    "tests/test_global_reads.py", "tests/browser/test_cluster_panel.py", "tests/test_kernel.py",
+    "tests/test_reads_hosts.py", "tests/browser/test_live_progress.py", "tests/test_hang_rule.py",
+    "tests/test_routing_hosts.py", "tests/test_ssh_hosts.py",
+    "tests/browser/test_profile_in_lab.py", "tests/test_spmd.py",
+    "notebooks/03-data-parallel-training.ipynb", "notebooks/04-multi-host.ipynb",
+    "tests/browser/test_other_hosts_in_lab.py", "tests/browser/test_lab_smoke.py",
+    "notebooks/05-debugging.ipynb", "tests/test_data.py", "tests/test_array_kinds.py",
+    "tests/test_architecture.py", "tests/test_notebook_without_mpi.py",
+    "tests/browser/test_failure_report_in_lab.py", "tests/browser/test_debugger_in_lab.py",
+    "tests/test_user_libraries.py", "tests/browser/test_sharding_widget.py",
+]
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    rank = {path: place for place, path in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.nodeid.partition("::")[0], len(rank)))
 
 
 @pytest.fixture(autouse=True)
@@ -62,15 +87,56 @@ def _alive(pid: int) -> bool:
         return False
 
 
-@pytest.fixture(scope="module")
-def cluster():
-    """A real 4 processes × 2 CPU devices cluster shared by one test module."""
+# IPython's own way to empty a namespace, run on every process
+EMPTIED = "get_ipython().run_line_magic('reset', '-f')"
+
+
+def healthy(cluster) -> bool:
+    """Every process of ``cluster`` alive, and none running a cell."""
+    return cluster.running and all(row.state == "idle" for row in cluster.status())
+
+
+def fresh(cluster, *setup: str):
+    """``cluster`` as a test may share it: started again unless every process is alive and
+    idle and is the one the last test was given (a test that restarted it, or had it restarted,
+    spent it); no setup cell remembered, every process's user namespace emptied as in a new
+    cluster; then each ``setup`` cell run as a setup cell (replayed by a restart within the
+    test)."""
+    if not cluster.running:
+        cluster.start()
+    elif not healthy(cluster) or _lent.get(cluster, _pids(cluster)) != _pids(cluster):
+        cluster.restart(replay=False)
+    cluster.setup_cells.clear()
+    cluster.run(EMPTIED).check()
+    for cell in setup:
+        cluster.run(cell, setup=True).check()
+    _lent[cluster] = _pids(cluster)
+    return cluster
+
+
+_lent: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # cluster -> pids when lent
+
+
+def _pids(cluster) -> list[int]:
+    return [p.pid for p in cluster.processes]
+
+
+@pytest.fixture(scope="session")
+def shared_cluster():
+    """A real 4 processes × 2 CPU devices cluster shared by the tests of a session (one per
+    pytest-xdist worker), handed to each by ``cluster``."""
     from jaxcluster import JaxCluster
 
     c = JaxCluster(nodes=4, devices_per_node=2, platform="cpu")
     c.start()
     with stopped_at_the_end(c):
         yield c
+
+
+@pytest.fixture
+def cluster(shared_cluster):
+    """The shared 4 × 2 cluster, healthy and empty of the last test's state."""
+    return fresh(shared_cluster)
 
 
 @contextmanager
@@ -132,6 +198,18 @@ def python_kernel(ready_timeout: float = 120) -> Iterator:
     finally:
         kc.stop_channels()
         km.shutdown_kernel(now=True)
+
+
+def fresh_shell(shell, start_line: str, *setup: str):
+    """The magics' cluster of ``shell`` as ``fresh`` leaves one; started again by
+    ``start_line`` where a test stopped it."""
+    from IPython.utils.capture import capture_output
+
+    if shell_cluster(shell) is None:
+        with capture_output():
+            shell.run_line_magic("jax_cluster", start_line)
+    fresh(shell_cluster(shell), *setup)
+    return shell
 
 
 def shell_cluster(shell):

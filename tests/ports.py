@@ -14,6 +14,9 @@ import socket
 from pathlib import Path
 
 _LOWEST = 20000
+# its own generator: pytest-randomly seeds the module's one alike in every worker and test, so
+# parallel workers would otherwise try the same ports in the same order
+_pick = random.SystemRandom()
 
 
 def ephemeral_start() -> int:
@@ -25,7 +28,7 @@ def free_port() -> int:
     """A port on 127.0.0.1 that is free now and below the ephemeral range."""
     top = ephemeral_start()
     below = range(_LOWEST, top)
-    for port in random.sample(below, min(200, len(below))):
+    for port in _pick.sample(below, min(200, len(below))):
         with socket.socket() as sock:
             try:
                 sock.bind(("127.0.0.1", port))

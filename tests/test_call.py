@@ -10,15 +10,15 @@ import pytest
 from jax.experimental import multihost_utils
 
 from jaxcluster.errors import SPMDError
+from tests.conftest import fresh
 
 pytestmark = pytest.mark.cluster
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def ready(cluster):
-    cluster.run("import jax, jax.numpy as jnp\nfrom jax.experimental import multihost_utils",
-                setup=True).check()
-    return cluster
+    return fresh(cluster, "import jax, jax.numpy as jnp\n"
+                          "from jax.experimental import multihost_utils")
 
 
 def test_values_come_back_in_process_order(ready):

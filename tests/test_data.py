@@ -12,7 +12,7 @@ from IPython.core.error import UsageError
 
 from jaxcluster import ConfigError, JaxClusterError, MeshSharding, data
 from jaxcluster.data import session, shared_files
-from tests.conftest import magics_shell
+from tests.conftest import fresh, magics_shell
 
 pytestmark = pytest.mark.cluster
 
@@ -29,10 +29,9 @@ def make(mesh_shape, axes, spec):
 """
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def ready(cluster):
-    spmd(cluster, SETUP)
-    return cluster
+    return fresh(cluster, SETUP)
 
 
 def spmd(cluster, code):

@@ -9,7 +9,7 @@ from IPython.core.error import UsageError
 from IPython.utils.capture import capture_output
 
 from jaxcluster.engine.sharding import SHARDING_MIME
-from tests.conftest import magics_shell
+from tests.conftest import fresh_shell, magics_shell
 
 pytestmark = pytest.mark.cluster
 
@@ -22,10 +22,19 @@ x = jax.make_array_from_callback(
 """
 
 
+START = "start --nodes 4 --devices-per-node 2"
+
+
 @pytest.fixture(scope="module")
-def ip():
-    with magics_shell("start --nodes 4 --devices-per-node 2") as shell:
+def shared_shell():
+    with magics_shell(START) as shell:
         yield shell
+
+
+@pytest.fixture
+def ip(shared_shell):
+    """The module's cluster, healthy and empty."""
+    return fresh_shell(shared_shell, START)
 
 
 def shard_cells(html: str) -> int:
@@ -86,6 +95,7 @@ def test_visualize_sharding_and_show_sharding(ip):
 
 def test_engines_publish_layout_data_for_the_notebook(ip):
     cluster = ip.magics_manager.registry["JaxClusterMagics"].cluster
+    cluster.run(MAKE_ARRAY).check()
     result = cluster.run("jax.debug.visualize_array_sharding(x)")
     bundles = [p.outputs[0]["data"] for p in result.processes]
     assert all(SHARDING_MIME in b for b in bundles)

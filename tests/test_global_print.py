@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from .conftest import failing_spmd, magics_shell, run_spmd, shell_cluster
+from .conftest import failing_spmd, fresh_shell, magics_shell, run_spmd, shell_cluster
 
 pytestmark = pytest.mark.cluster
 
@@ -22,11 +22,19 @@ y = jax.device_put(np.arange(4.), NamedSharding(mesh2, P('d')))
 """
 
 
+START = "start --nodes 4 --devices-per-node 2"
+
+
 @pytest.fixture(scope="module")
-def shell():
-    with magics_shell("start --nodes 4 --devices-per-node 2") as shell:
-        run_spmd(shell, SETUP)
+def shared_shell():
+    with magics_shell(START) as shell:
         yield shell
+
+
+@pytest.fixture
+def shell(shared_shell):
+    """The module's cluster, healthy and empty, with its setup run."""
+    return fresh_shell(shared_shell, START, SETUP)
 
 
 def test_every_process_printing_shows_the_value_once(shell):

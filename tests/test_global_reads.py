@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from .conftest import failing_spmd, magics_shell, run_spmd
+from .conftest import failing_spmd, fresh_shell, magics_shell, run_spmd
 
 pytestmark = pytest.mark.cluster
 
@@ -147,12 +147,18 @@ def expected() -> dict[str, str]:
     return one_process_outputs(CELLS)
 
 
+START = "start --nodes 4 --devices-per-node 2"
+
+
 @pytest.fixture(scope="module")
-def shell():
-    with magics_shell("start --nodes 4 --devices-per-node 2") as shell:
-        for cell in (SETUP, MATMUL, SHARDED, STATE):
-            run_spmd(shell, cell)
+def shared_shell():
+    with magics_shell(START) as shell:
         yield shell
+
+
+@pytest.fixture
+def shell(shared_shell):
+    return fresh_shell(shared_shell, START, SETUP, MATMUL, SHARDED, STATE)
 
 
 @pytest.mark.parametrize("cell", [READ_MATMUL, READ_SHARDED, READ_STATE],

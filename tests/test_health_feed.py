@@ -150,9 +150,11 @@ def test_a_killed_engine_is_dead_and_stop_leaves_no_poller() -> None:
         assert cluster.health_feed is feed and seen[-1].states() == {0: "idle", 1: "idle"}
         assert len(set(pollers()) - others) == 1
         assert all(p.device_memory == () for p in feed.snapshot().processes)  # nobody said yet
-        time.sleep(MEMORY_EVERY)
-        cluster.run("x = 1").check()  # its end asks them
-        seen_within(feed, lambda s: all(p.device_memory for p in s.processes))
+        # a cell's end asks them once MEMORY_EVERY has passed since the last ask
+        deadline = time.monotonic() + MEMORY_EVERY + 15
+        while not all(p.device_memory for p in feed.snapshot().processes):
+            assert time.monotonic() < deadline, feed.snapshot()
+            cluster.run("x = 1").check()
     assert set(pollers()) - others == set()
     assert feed.snapshot().processes == ()
     delivered: list[HealthSnapshot] = []

@@ -114,24 +114,33 @@ def test_the_list_magic_names_each_kept_cluster_with_its_hosts_state_and_memory(
     assert line.endswith(" GiB resident"), line
 
 
-def test_a_kernel_killed_while_a_cell_runs_attach_says_what_the_cell_did(name: str) -> None:
-    """The cell runs on where the kernel died: process 0 still sleeps, process 1 raised;
+def test_a_kernel_killed_while_a_cell_runs_attach_says_what_the_cell_did(
+        name: str, tmp_path: Path) -> None:
+    """The cell runs on where the kernel died: process 0 still works, process 1 raised;
     an attach says so, and later that it ended."""
-    kernel = start_kept(name, 120, then="import time\nif jax.process_index() == 0:\n"
-                                        "    time.sleep(4)\nelse:\n    raise ValueError('bad')")
-    time.sleep(1)  # the cell has begun
+    began, raising, release = tmp_path / "began", tmp_path / "raising", tmp_path / "release"
+    kernel = start_kept(name, 120, then=(
+        "import os, time\nif jax.process_index() == 0:\n"
+        f"    open({str(began)!r}, 'w').close()\n"
+        f"    while not os.path.exists({str(release)!r}):\n        time.sleep(0.05)\n"
+        f"else:\n    open({str(raising)!r}, 'w').close()\n    raise ValueError('bad')"))
+    deadline = time.monotonic() + 30
+    while not (began.exists() and raising.exists()):  # the cell has begun on both
+        assert time.monotonic() < deadline, "the cell never began"
+        time.sleep(0.05)
     kill(kernel)
     deadline = time.monotonic() + 5
     while {r.name: r for r in JaxCluster.kept_clusters()}[name].holder is not None:
         assert time.monotonic() < deadline
         time.sleep(0.05)
-    cluster = JaxCluster.attach(name)
     try:
+        # an attach says what each process last did: process 1's error may take a moment
+        cluster = attached_once(name, lambda said: "process 1 raised" in said)
         assert cluster.last_cell.startswith("The last cell (cell): still runs on process 0 (for ")
         assert cluster.last_cell.endswith("process 1 raised ValueError: bad."), cluster.last_cell
-        time.sleep(4)
+        release.touch()
         cluster.detach()
-        again = JaxCluster.attach(name)
+        again = attached_once(name, lambda said: "still runs" not in said)  # process 0 ended
         assert again.last_cell.startswith("The last cell (cell): ended without error on "
                                           "process 0 "), again.last_cell
         assert again.run("print(d['rank'])").ok  # and it drives the processes as before
@@ -141,6 +150,16 @@ def test_a_kernel_killed_while_a_cell_runs_attach_says_what_the_cell_did(name: s
             JaxCluster.stop_kept(name)
 
 
+
+
+def attached_once(name: str, told, timeout: float = 30) -> JaxCluster:
+    """The kept cluster ``name`` attached once its last cell's report holds ``told``."""
+    deadline = time.monotonic() + timeout
+    while not told((cluster := JaxCluster.attach(name)).last_cell):
+        assert time.monotonic() < deadline, cluster.last_cell
+        cluster.detach()
+        time.sleep(0.1)
+    return cluster
 
 
 @pytest.mark.cluster

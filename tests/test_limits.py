@@ -187,7 +187,8 @@ def test_the_watchdog_kills_processes_of_its_cluster_no_file_lists() -> None:
          cluster_id]
     )
     try:
-        time.sleep(1)
+        with pytest.raises(subprocess.TimeoutExpired):  # a kill would end this wait
+            engine.wait(timeout=1)
         assert engine.poll() is None, "killed while its parent lived"
         parent.kill()
         parent.wait()

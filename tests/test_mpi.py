@@ -13,7 +13,7 @@ import pytest
 from jaxcluster import ConfigError, JaxCluster, JaxClusterError
 from jaxcluster.cluster.distributed import launch_order
 from jaxcluster.cluster.launchers import LaunchRequest, plan_launch
-from tests.conftest import cluster_processes, wait_until_gone
+from tests.conftest import cluster_processes, fresh, stopped_at_the_end, wait_until_gone
 from tests.kept_clusters import outlives_its_kernel_and_restarts
 from tests.multihost import expected_psum, index_rank_psum
 
@@ -31,12 +31,15 @@ def mpi_cluster(**kwargs) -> JaxCluster:
 
 
 @pytest.fixture(scope="module")
-def cluster():
+def shared_mpi():
     c = mpi_cluster().start()
-    try:
+    with stopped_at_the_end(c):
         yield c
-    finally:
-        c.stop()
+
+
+@pytest.fixture
+def cluster(shared_mpi):
+    return fresh(shared_mpi)
 
 
 def test_launcher_args_are_split_like_a_shell_and_appended_to_mpiexec():

@@ -13,10 +13,25 @@ from tests.conftest import python_kernel
 pytestmark = pytest.mark.cluster
 
 
+# the magics' cluster in the kernel, where one runs
+RUNNING = ("%load_ext jaxcluster\n"
+           "_cluster = get_ipython().magics_manager.registry['JaxClusterMagics'].cluster\n"
+           "_running = _cluster is not None and _cluster.running\n")
+
+
 @pytest.fixture(scope="module")
-def kernel():
+def bare_kernel():
     with python_kernel() as (_, kc):
         yield kc
+
+
+@pytest.fixture
+def kernel(bare_kernel):
+    """The module's kernel with a cluster of 2 processes, started unless one runs."""
+    _, reply = execute(bare_kernel, RUNNING + "if not _running:\n    get_ipython()."
+                                              "run_line_magic('jax_cluster', 'start --nodes 2')")
+    assert reply["content"]["status"] == "ok"
+    return bare_kernel
 
 
 def execute(kc, code, timeout=120):
@@ -60,8 +75,10 @@ def final_texts(messages):
     return [data.get("text/plain", "") for data in final_outputs(messages)]
 
 
-def test_start_shows_a_progress_widget_then_the_summary(kernel):
-    messages, reply = execute(kernel, "%load_ext jaxcluster\n%jax_cluster start --nodes 2")
+def test_start_shows_a_progress_widget_then_the_summary(bare_kernel):
+    execute(bare_kernel, RUNNING + "if _running:\n"
+                                "    get_ipython().run_line_magic('jax_cluster', 'stop')")
+    messages, reply = execute(bare_kernel, "%jax_cluster start --nodes 2")
     assert reply["content"]["status"] == "ok"
     widget_views = [m for _, m in messages if m["msg_type"] == "display_data"
                     and "application/vnd.jupyter.widget-view+json" in m["content"]["data"]]

@@ -204,7 +204,11 @@ def test_every_kind_of_state_is_kept_on_its_own_host_across_each_restart(kernel,
     restarted = run(kc, "%jax_cluster restart --keep-state")
     assert "Each process's state was carried across the restart" in restarted.text
     assert printed(look) == before
-    assert set(glob.glob("/dev/shm/jaxcluster-kept-*")) == here
+    # none made here; another test's restart beside this one may hold one for a moment
+    deadline = time.monotonic() + 10
+    while (made_here := set(glob.glob("/dev/shm/jaxcluster-kept-*")) - here):
+        assert time.monotonic() < deadline, made_here
+        time.sleep(0.1)
 
 
 def test_a_raise_before_a_collective_is_diagnosed_and_recovered(kernel):

@@ -15,7 +15,7 @@ import pytest
 
 from jaxcluster import JaxCluster
 from jaxcluster.cluster import published
-from tests.conftest import stopped_at_the_end
+from tests.conftest import fresh, stopped_at_the_end
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(240)]
 
@@ -55,13 +55,18 @@ def mine(key: str) -> dict:
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
+def shared_cluster(tmp_path_factory):
     os.environ["JUPYTER_RUNTIME_DIR"] = str(tmp_path_factory.mktemp("runtime"))
     c = JaxCluster(nodes=4, devices_per_node=2, platform="cpu")
     c.start()
     with stopped_at_the_end(c):
         yield c
     del os.environ["JUPYTER_RUNTIME_DIR"]
+
+
+@pytest.fixture
+def cluster(shared_cluster):
+    return fresh(shared_cluster)
 
 
 def test_a_started_cluster_is_published_privately_with_its_processes(cluster) -> None:

@@ -18,7 +18,14 @@ import shlex
 
 import pytest
 
-from tests.conftest import cluster_processes, hosts_or_skip, magics_shell, run_spmd, shell_cluster
+from tests.conftest import (
+    cluster_processes,
+    fresh_shell,
+    hosts_or_skip,
+    magics_shell,
+    run_spmd,
+    shell_cluster,
+)
 from tests.netns_hosts import NamespaceHosts
 from tests.test_array_kinds import CELLS as KIND_CELLS
 from tests.test_array_kinds import KINDS, SUBSETS, same_everywhere
@@ -74,23 +81,30 @@ def expected() -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def shell(hosts: NamespaceHosts):
-    """The magics shell with 2 hosts × 2 processes × 2 CPU devices started over ssh, and the
-    local test's arrays made."""
+def start_line(hosts: NamespaceHosts) -> str:
+    """2 hosts × 2 processes × 2 CPU devices started over ssh."""
     addresses = ",".join(hosts.address(h) for h in hosts.networks[0].namespaces)
-    line = (f"start --launcher ssh --hosts {addresses} --engines-per-host 2 "
+    return (f"start --launcher ssh --hosts {addresses} --engines-per-host 2 "
             f"--devices-per-node 2 --platform cpu --timeout 120 "
             f"--launcher-args {shlex.quote(shlex.join(hosts.ssh_args))}")
-    cluster_id = None
+
+
+@pytest.fixture(scope="module")
+def shared_shell(start_line):
+    cluster_ids = []
     try:
-        with magics_shell(line) as shell:
-            cluster_id = shell_cluster(shell).cluster_id
-            for cell in (SETUP, MATMUL, SHARDED, STATE):
-                run_spmd(shell, cell)
+        with magics_shell(start_line) as shell:
+            cluster_ids.append(shell_cluster(shell).cluster_id)
             yield shell
     finally:
-        for proc in cluster_processes(cluster_id) if cluster_id else []:
+        for proc in cluster_processes(cluster_ids[0]) if cluster_ids else []:
             proc.kill()
+
+
+@pytest.fixture
+def shell(shared_shell, start_line):
+    """The module's cluster, healthy and empty, with the local test's arrays made."""
+    return fresh_shell(shared_shell, start_line, SETUP, MATMUL, SHARDED, STATE)
 
 
 def test_each_process_serves_its_shards_on_its_own_hosts_address(shell, hosts):

@@ -5,17 +5,26 @@ from __future__ import annotations
 
 import pytest
 
-from tests.conftest import failing_spmd, magics_shell, run_spmd, shell_cluster
+from tests.conftest import failing_spmd, fresh_shell, magics_shell, run_spmd, shell_cluster
 
 pytestmark = pytest.mark.cluster
 
 NOTE = "jax.distributed is already initialized by jaxcluster: 4 processes"
 
 
+START = "start --nodes 4 --devices-per-node 2"
+
+
 @pytest.fixture(scope="module")
-def ip():
-    with magics_shell("start --nodes 4 --devices-per-node 2") as shell:
+def shared_shell():
+    with magics_shell(START) as shell:
         yield shell
+
+
+@pytest.fixture
+def ip(shared_shell):
+    """The module's cluster, healthy and empty."""
+    return fresh_shell(shared_shell, START)
 
 
 def test_a_script_that_begins_with_initialize_runs_the_rest(ip):

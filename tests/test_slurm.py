@@ -24,7 +24,7 @@ from ipyparallel.cluster.launcher import SlurmEngineSetLauncher
 
 from jaxcluster import ConfigError, JaxCluster, JaxClusterError
 from jaxcluster.cluster.launchers import LaunchRequest, plan_launch
-from tests.conftest import cluster_processes, wait_until_gone
+from tests.conftest import cluster_processes, fresh, stopped_at_the_end, wait_until_gone
 from tests.kept_clusters import outlives_its_kernel_and_restarts
 from tests.multihost import expected_psum, index_rank_psum
 from tests.ports import free_port
@@ -114,11 +114,17 @@ def _squeue(*args: str) -> str:
     ).stdout.strip()
 
 
-def _queue_empties(timeout: float = 30) -> bool:
+def _jobs() -> set[str]:
+    return set(_squeue("--format", "%i").split())
+
+
+def _queue_empties(timeout: float = 30, besides: frozenset[str] = frozenset()) -> bool:
+    """Whether the queue holds no job but ``besides`` (the module's shared cluster's, say)
+    within ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
-    while _squeue() and time.monotonic() < deadline:
+    while _jobs() - besides and time.monotonic() < deadline:
         time.sleep(0.5)
-    return _squeue() == ""
+    return not _jobs() - besides
 
 
 @pytest.fixture(scope="module")
@@ -190,16 +196,19 @@ def _wait_for_idle_node(base: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def cluster(slurm):
+def shared_slurm(slurm):
     c = JaxCluster(
         nodes=4, devices_per_node=2, platform="cpu", launcher="slurm",
         launcher_args=LAUNCHER_ARGS, timeout=120,
     )
     c.start()
-    try:
+    with stopped_at_the_end(c):
         yield c
-    finally:
-        c.stop()
+
+
+@pytest.fixture
+def cluster(shared_slurm):
+    return fresh(shared_slurm)
 
 
 def _job_id(cluster: JaxCluster) -> str:
@@ -246,14 +255,14 @@ def test_a_job_that_never_starts_ends_start_in_time_and_is_cancelled(slurm):
         nodes=4, devices_per_node=2, platform="cpu", launcher="slurm", timeout=10,
         launcher_args=LAUNCHER_ARGS + " --begin now+1hour",
     )
-    began = time.monotonic()
+    others, began = frozenset(_jobs()), time.monotonic()
     with pytest.raises(JaxClusterError) as failure:
         cluster.start()
     assert time.monotonic() - began < 10 + 15
     message = str(failure.value)
     assert "Only 0 of 4 engines registered within 10 s." in message
     assert "is PENDING (BeginTime)" in message
-    assert _queue_empties(10), _squeue()
+    assert _queue_empties(10, others), _squeue()
     assert wait_until_gone([p.pid for p in cluster_processes(cluster.cluster_id)], 10) == []
 
 
@@ -272,7 +281,7 @@ sys.stdin.readline()
 
 @pytest.mark.cluster
 def test_the_job_is_cancelled_when_the_notebook_is_killed(slurm, tmp_path):
-    script = tmp_path / "starter.py"
+    script, others = tmp_path / "starter.py", frozenset(_jobs())
     script.write_text(textwrap.dedent(STARTER))
     proc = subprocess.Popen(
         [sys.executable, str(script)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -286,7 +295,7 @@ def test_the_job_is_cancelled_when_the_notebook_is_killed(slurm, tmp_path):
         proc.send_signal(signal.SIGKILL)
         proc.wait(30)
         assert wait_until_gone(info["pids"], 30) == []
-        assert _queue_empties(), _squeue()
+        assert _queue_empties(besides=others), _squeue()
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -294,8 +303,9 @@ def test_the_job_is_cancelled_when_the_notebook_is_killed(slurm, tmp_path):
 
 @pytest.mark.cluster
 def test_a_kept_slurm_job_outlives_its_kernel_restarts_from_another_and_is_cancelled(slurm):
+    others = frozenset(_jobs())
     cluster_id = outlives_its_kernel_and_restarts(
         f"slurm-{uuid.uuid4().hex[:6]}", launcher="slurm", launcher_args="--overcommit",
         platform="cpu", timeout=120)
-    assert _queue_empties(), _squeue()
+    assert _queue_empties(besides=others), _squeue()
     assert wait_until_gone([p.pid for p in cluster_processes(cluster_id)], 15) == []

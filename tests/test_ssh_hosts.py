@@ -22,7 +22,14 @@ import pytest
 from IPython.utils.capture import capture_output
 
 from jaxcluster import JaxCluster, JaxClusterError
-from tests.conftest import cluster_processes, hosts_or_skip, magics_shell, wait_until_gone
+from tests.conftest import (
+    cluster_processes,
+    fresh_shell,
+    hosts_or_skip,
+    magics_shell,
+    shell_cluster,
+    wait_until_gone,
+)
 from tests.netns_hosts import NamespaceHosts
 
 pytestmark = pytest.mark.cluster
@@ -39,20 +46,46 @@ def _addresses(hosts, network: int = 0) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def shell(hosts):
-    """The magics shell with 2 hosts × 2 processes × 2 CPU devices started over ssh."""
-    line = (
+def start_line(hosts) -> str:
+    """2 hosts × 2 processes × 2 CPU devices started over ssh."""
+    return (
         f"start --launcher ssh --hosts {','.join(_addresses(hosts))} --engines-per-host 2 "
         f"--devices-per-node 2 --platform cpu --timeout 120 "
         f"--launcher-args {shlex.quote(shlex.join(hosts.ssh_args))}"
     )
-    with magics_shell(line) as shell:
-        yield shell
 
 
 @pytest.fixture(scope="module")
+def shared_shell(start_line):
+    with magics_shell(start_line) as shell:
+        yield shell
+
+
+@pytest.fixture
+def shell(shared_shell, start_line):
+    """The magics shell with the module's cluster, healthy and empty."""
+    return fresh_shell(shared_shell, start_line)
+
+
+@pytest.fixture
 def cluster(shell):
-    return shell.magics_manager.registry["JaxClusterMagics"].cluster
+    return shell_cluster(shell)
+
+
+@pytest.fixture
+def empty_hosts(hosts):
+    """The hosts with nothing of this module's running there: its cluster stopped, where one
+    runs (the next test that needs it starts it again)."""
+    from IPython import get_ipython
+    from IPython.utils.capture import capture_output
+
+    shell = get_ipython()
+    if shell is not None and "JaxClusterMagics" in shell.magics_manager.registry \
+            and shell_cluster(shell) is not None:
+        with capture_output():
+            shell.run_line_magic("jax_cluster", "stop")
+    assert wait_until_hosts_are_empty(hosts, 15) == {}
+    return hosts
 
 
 def root_pids(hosts: NamespaceHosts, processes: list[tuple[str, int]]) -> list[int]:
@@ -211,7 +244,8 @@ def test_stop_leaves_nothing_anywhere(cluster, shell, hosts):
     assert wait_until_hosts_are_empty(hosts, 10) == {}
 
 
-def test_unreachable_host_fails_start_within_the_timeout_naming_it(hosts):
+def test_unreachable_host_fails_start_within_the_timeout_naming_it(empty_hosts):
+    hosts = empty_hosts
     h1 = _addresses(hosts)[0]
     nobody = f"{hosts.networks[0].prefix}.99"  # on the hosts' network, nothing behind it
     cluster = JaxCluster(
@@ -229,7 +263,8 @@ def test_unreachable_host_fails_start_within_the_timeout_naming_it(hosts):
     assert wait_until_hosts_are_empty(hosts, 10) == {}
 
 
-def test_host_that_cannot_reach_the_controller_fails_start_naming_it(hosts):
+def test_host_that_cannot_reach_the_controller_fails_start_naming_it(empty_hosts):
+    hosts = empty_hosts
     h1 = _addresses(hosts)[0]
     (h3,) = _addresses(hosts, network=1)
     cluster = JaxCluster(

@@ -15,7 +15,7 @@ from jaxcluster.cells import hang
 from jaxcluster.cells.recovery import SetupCell
 from jaxcluster.errors import ConfigError
 from jaxcluster.render.cell import setup_text
-from tests.conftest import failing_spmd, magics_shell, run_spmd, shell_cluster
+from tests.conftest import failing_spmd, fresh_shell, magics_shell, run_spmd, shell_cluster
 
 pytestmark = pytest.mark.cluster
 
@@ -26,10 +26,19 @@ mesh = jax.make_mesh((8,), ("x",))
 """
 
 
+START = "start --nodes 4 --devices-per-node 2"
+
+
 @pytest.fixture(scope="module")
-def ip():
-    with magics_shell("start --nodes 4 --devices-per-node 2", SETUP) as shell:
+def shared_shell():
+    with magics_shell(START) as shell:
         yield shell
+
+
+@pytest.fixture
+def ip(shared_shell):
+    """The module's cluster, healthy and empty, with its setup run."""
+    return fresh_shell(shared_shell, START, SETUP)
 
 
 @pytest.fixture
