@@ -236,7 +236,7 @@ def test_an_array_deleted_on_its_owner_is_said(shell):
 def test_the_owner_killed_mid_read_is_said_within_5_s(shell):
     text, _ = run_spmd(shell, "import os; print(os.getpid())")
     pid = int(per_process(text)[2])
-    code = ("import time\nhuge = jax.device_put(jnp.zeros((2048, 2048)), "
+    code = ("import time\nhuge = jax.device_put(jnp.zeros((512, 512)), "
             "NamedSharding(mesh8, P('x', 'y')))\n"
             "if jax.process_index() == 0:\n"
             "    try:\n        while True:\n            np.asarray(huge[:])\n"
@@ -250,7 +250,7 @@ def test_the_owner_killed_mid_read_is_said_within_5_s(shell):
         shown, report, _ = failing_spmd(shell, code)
     finally:
         timer.cancel()
-    said = re.search(r"(\d+\.\d+) Process 2 holds part of this jax.Array \(shape \(2048, 2048\)"
+    said = re.search(r"(\d+\.\d+) Process 2 holds part of this jax.Array \(shape \(512, 512\)"
                      r", float32\), but could not be read from: ([^.]+)\.", shown + report)
     assert said, shown + report
     assert float(said[1]) - killed[0] < 5.0

@@ -21,7 +21,7 @@ CELLS = [
     "total = jax.jit(jax.shard_map(lambda b: jax.lax.psum(b, 'i'), mesh=mesh, in_specs=P('i'),"
     " out_specs=P()))\n"
     "x = jax.make_array_from_process_local_data(NamedSharding(mesh, P('i')), jnp.arange(2.0))",
-    "%%spmd --profile\nif jax.process_index() == 2:\n    time.sleep(0.3)\nprint(total(x))",
+    "%%spmd --profile\nif jax.process_index() == 2:\n    time.sleep(1.0)\nprint(total(x))",
     "%jax_cluster stop",
 ]
 PANEL = ".jp-NotebookPanel:visible"
