@@ -23,7 +23,7 @@ LABEXTENSIONS := $(VENV)/share/jupyter/labextensions
 # The suite on several workers (pytest-xdist), each given whole files, so a file's shared
 # clusters start once per worker; pytest-randomly orders the tests anew every run and prints
 # its seed ("Using --randomly-seed=N"): PYTEST_ARGS='-p randomly --randomly-seed=N' repeats one.
-WORKERS ?= 3
+WORKERS ?= 2
 PYTEST := IPP_NONINTERACTIVE=1 $(PY) -m pytest -n $(WORKERS) --dist loadfile $(PYTEST_ARGS)
 # What a change to the engine, the cells or the notebook glue most often breaks: the inner
 # loop's check (make test-quick); make test runs these too.
