@@ -24,7 +24,8 @@ LABEXTENSIONS := $(VENV)/share/jupyter/labextensions
 # clusters start once per worker; pytest-randomly orders the tests anew every run and prints
 # its seed ("Using --randomly-seed=N"): PYTEST_ARGS='-p randomly --randomly-seed=N' repeats one.
 WORKERS ?= 2
-PYTEST := IPP_NONINTERACTIVE=1 $(PY) -m pytest -n $(WORKERS) --dist loadfile $(PYTEST_ARGS)
+PARALLEL := -n $(WORKERS) --dist loadfile $(PYTEST_ARGS)
+PYTEST := IPP_NONINTERACTIVE=1 $(PY) -m pytest $(PARALLEL)
 # What a change to the engine, the cells or the notebook glue most often breaks: the inner
 # loop's check (make test-quick); make test runs these too.
 QUICK_TESTS := tests/test_spmd.py tests/test_cluster.py tests/test_hang_rule.py \
@@ -89,7 +90,7 @@ test-quick: $(STAMP)
 # the core suite on the oldest JAX allowed; the notebooks and the rest need the newest's API
 test-oldest-jax: $(OLDEST_STAMP)
 	IPP_NONINTERACTIVE=1 $(OLDEST)/bin/python -m pytest -o addopts="-ra --strict-markers" \
-		-n $(WORKERS) --dist loadfile $(PYTEST_ARGS) $(CORE_TESTS)
+		$(PARALLEL) $(CORE_TESTS)
 
 # The quick start, headless: prints what its cells show; fails if any cell failed.
 demo: $(STAMP)

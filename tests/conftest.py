@@ -200,6 +200,17 @@ def python_kernel(ready_timeout: float = 120) -> Iterator:
         km.shutdown_kernel(now=True)
 
 
+SPMD_START = "start --nodes 4 --devices-per-node 2"
+
+
+@pytest.fixture(scope="module")
+def spmd_shell():
+    """The headless IPython shell with a 4 × 2 cluster started by ``%jax_cluster``, for one
+    module; each test takes it through ``fresh_shell(spmd_shell, SPMD_START, *setup)``."""
+    with magics_shell(SPMD_START) as shell:
+        yield shell
+
+
 def fresh_shell(shell, start_line: str, *setup: str):
     """The magics' cluster of ``shell`` as ``fresh`` leaves one; started again by
     ``start_line`` where a test stopped it."""

@@ -18,7 +18,7 @@ from __future__ import annotations
 import jax
 import pytest
 
-from tests.conftest import fresh_shell, magics_shell, run_spmd
+from tests.conftest import SPMD_START, fresh_shell, run_spmd
 from tests.test_global_reads import one_process_outputs
 
 pytestmark = pytest.mark.cluster
@@ -114,19 +114,10 @@ def expected() -> dict[str, str]:
     return one_process_outputs(CELLS)
 
 
-START = "start --nodes 4 --devices-per-node 2"
-
-
-@pytest.fixture(scope="module")
-def shared_shell():
-    with magics_shell(START) as shell:
-        yield shell
-
-
 @pytest.fixture
-def shell(shared_shell):
+def shell(spmd_shell):
     """The module's cluster, healthy and empty, with its setup run."""
-    return fresh_shell(shared_shell, START, SETUP)
+    return fresh_shell(spmd_shell, SPMD_START, SETUP)
 
 
 def same_everywhere(shell, expected: dict[str, str], cell: str) -> None:

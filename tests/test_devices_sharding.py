@@ -9,7 +9,7 @@ from IPython.core.error import UsageError
 from IPython.utils.capture import capture_output
 
 from jaxcluster.engine.sharding import SHARDING_MIME
-from tests.conftest import fresh_shell, magics_shell
+from tests.conftest import SPMD_START, fresh_shell
 
 pytestmark = pytest.mark.cluster
 
@@ -22,19 +22,10 @@ x = jax.make_array_from_callback(
 """
 
 
-START = "start --nodes 4 --devices-per-node 2"
-
-
-@pytest.fixture(scope="module")
-def shared_shell():
-    with magics_shell(START) as shell:
-        yield shell
-
-
 @pytest.fixture
-def ip(shared_shell):
+def ip(spmd_shell):
     """The module's cluster, healthy and empty."""
-    return fresh_shell(shared_shell, START)
+    return fresh_shell(spmd_shell, SPMD_START)
 
 
 def shard_cells(html: str) -> int:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from .conftest import failing_spmd, fresh_shell, magics_shell, run_spmd, shell_cluster
+from .conftest import SPMD_START, failing_spmd, fresh_shell, run_spmd, shell_cluster
 
 pytestmark = pytest.mark.cluster
 
@@ -22,19 +22,10 @@ y = jax.device_put(np.arange(4.), NamedSharding(mesh2, P('d')))
 """
 
 
-START = "start --nodes 4 --devices-per-node 2"
-
-
-@pytest.fixture(scope="module")
-def shared_shell():
-    with magics_shell(START) as shell:
-        yield shell
-
-
 @pytest.fixture
-def shell(shared_shell):
+def shell(spmd_shell):
     """The module's cluster, healthy and empty, with its setup run."""
-    return fresh_shell(shared_shell, START, SETUP)
+    return fresh_shell(spmd_shell, SPMD_START, SETUP)
 
 
 def test_every_process_printing_shows_the_value_once(shell):

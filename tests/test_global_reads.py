@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from .conftest import failing_spmd, fresh_shell, magics_shell, run_spmd
+from .conftest import SPMD_START, failing_spmd, fresh_shell, run_spmd
 
 pytestmark = pytest.mark.cluster
 
@@ -147,18 +147,9 @@ def expected() -> dict[str, str]:
     return one_process_outputs(CELLS)
 
 
-START = "start --nodes 4 --devices-per-node 2"
-
-
-@pytest.fixture(scope="module")
-def shared_shell():
-    with magics_shell(START) as shell:
-        yield shell
-
-
 @pytest.fixture
-def shell(shared_shell):
-    return fresh_shell(shared_shell, START, SETUP, MATMUL, SHARDED, STATE)
+def shell(spmd_shell):
+    return fresh_shell(spmd_shell, SPMD_START, SETUP, MATMUL, SHARDED, STATE)
 
 
 @pytest.mark.parametrize("cell", [READ_MATMUL, READ_SHARDED, READ_STATE],

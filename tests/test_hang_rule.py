@@ -11,7 +11,7 @@ from IPython.utils.capture import capture_output
 from jaxcluster.cells.recovery import SetupCell
 from jaxcluster.errors import SPMDError
 from jaxcluster.render.cell import failure_details, failure_lines
-from tests.conftest import failing_spmd, fresh_shell, magics_shell, run_spmd, shell_cluster
+from tests.conftest import SPMD_START, failing_spmd, fresh_shell, run_spmd, shell_cluster
 
 pytestmark = pytest.mark.cluster
 
@@ -27,19 +27,10 @@ x = jax.make_array_from_callback(
 """
 
 
-START = "start --nodes 4 --devices-per-node 2"
-
-
-@pytest.fixture(scope="module")
-def shared_shell():
-    with magics_shell(START) as shell:
-        yield shell
-
-
 @pytest.fixture
-def ip(shared_shell):
+def ip(spmd_shell):
     """The module's cluster, healthy and empty, with its setup run."""
-    return fresh_shell(shared_shell, START, SETUP)
+    return fresh_shell(spmd_shell, SPMD_START, SETUP)
 
 
 @pytest.fixture

@@ -5,26 +5,17 @@ from __future__ import annotations
 
 import pytest
 
-from tests.conftest import failing_spmd, fresh_shell, magics_shell, run_spmd, shell_cluster
+from tests.conftest import SPMD_START, failing_spmd, fresh_shell, run_spmd, shell_cluster
 
 pytestmark = pytest.mark.cluster
 
 NOTE = "jax.distributed is already initialized by jaxcluster: 4 processes"
 
 
-START = "start --nodes 4 --devices-per-node 2"
-
-
-@pytest.fixture(scope="module")
-def shared_shell():
-    with magics_shell(START) as shell:
-        yield shell
-
-
 @pytest.fixture
-def ip(shared_shell):
+def ip(spmd_shell):
     """The module's cluster, healthy and empty."""
-    return fresh_shell(shared_shell, START)
+    return fresh_shell(spmd_shell, SPMD_START)
 
 
 def test_a_script_that_begins_with_initialize_runs_the_rest(ip):

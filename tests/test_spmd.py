@@ -13,7 +13,7 @@ from IPython import get_ipython
 from IPython.core.error import UsageError
 
 from jaxcluster.errors import SPMDError
-from tests.conftest import failing_spmd, fresh_shell, magics_shell, run_spmd, shell_cluster
+from tests.conftest import SPMD_START, failing_spmd, fresh_shell, run_spmd, shell_cluster
 
 pytestmark = pytest.mark.cluster
 
@@ -23,19 +23,10 @@ from jax.experimental import multihost_utils
 """
 
 
-START = "start --nodes 4 --devices-per-node 2"
-
-
-@pytest.fixture(scope="module")
-def shared_shell():
-    with magics_shell(START) as shell:
-        yield shell
-
-
 @pytest.fixture
-def ip(shared_shell):
+def ip(spmd_shell):
     """The module's cluster, healthy and empty, with its setup run."""
-    return fresh_shell(shared_shell, START, "import jax")
+    return fresh_shell(spmd_shell, SPMD_START, "import jax")
 
 
 @pytest.fixture

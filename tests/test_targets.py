@@ -15,7 +15,7 @@ from jaxcluster.cells import hang
 from jaxcluster.cells.recovery import SetupCell
 from jaxcluster.errors import ConfigError
 from jaxcluster.render.cell import setup_text
-from tests.conftest import failing_spmd, fresh_shell, magics_shell, run_spmd, shell_cluster
+from tests.conftest import SPMD_START, failing_spmd, fresh_shell, run_spmd, shell_cluster
 
 pytestmark = pytest.mark.cluster
 
@@ -26,19 +26,10 @@ mesh = jax.make_mesh((8,), ("x",))
 """
 
 
-START = "start --nodes 4 --devices-per-node 2"
-
-
-@pytest.fixture(scope="module")
-def shared_shell():
-    with magics_shell(START) as shell:
-        yield shell
-
-
 @pytest.fixture
-def ip(shared_shell):
+def ip(spmd_shell):
     """The module's cluster, healthy and empty, with its setup run."""
-    return fresh_shell(shared_shell, START, SETUP)
+    return fresh_shell(spmd_shell, SPMD_START, SETUP)
 
 
 @pytest.fixture
