@@ -21,10 +21,12 @@ PANEL_SOURCES := labextension/package.json labextension/package-lock.json \
 LABEXTENSIONS := $(VENV)/share/jupyter/labextensions
 
 # The suite on several workers (pytest-xdist), each given whole files, so a file's shared
-# clusters start once per worker; pytest-randomly orders the tests anew every run and prints
-# its seed ("Using --randomly-seed=N"): PYTEST_ARGS='-p randomly --randomly-seed=N' repeats one.
+# clusters start once per worker, in the order tests/conftest.py gives them (the longest
+# first; xdist would put the files with most tests first); pytest-randomly orders the tests
+# anew every run and prints its seed ("Using --randomly-seed=N"):
+# PYTEST_ARGS='-p randomly --randomly-seed=N' repeats one.
 WORKERS ?= 2
-PARALLEL := -n $(WORKERS) --dist loadfile $(PYTEST_ARGS)
+PARALLEL := -n $(WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 PYTEST := IPP_NONINTERACTIVE=1 $(PY) -m pytest $(PARALLEL)
 # What a change to the engine, the cells or the notebook glue most often breaks: the inner
 # loop's check (make test-quick); make test runs these too.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
@@ -21,17 +22,19 @@ os.environ.setdefault("IPP_NONINTERACTIVE", "1")
 # pytest-randomly's order.
 LONGEST_FIRST = [
     "tests/test_other_hosts.py", "tests/test_mpi.py", "tests/test_kept.py",
-    "tests/test_keep_state.py", "tests/test_slurm.py", "tests/test_cluster.py",
-    "tests/test_global_reads.py", "tests/browser/test_cluster_panel.py", "tests/test_kernel.py",
-    "tests/test_reads_hosts.py", "tests/browser/test_live_progress.py", "tests/test_hang_rule.py",
-    "tests/test_routing_hosts.py", "tests/test_ssh_hosts.py",
-    "tests/browser/test_profile_in_lab.py", "tests/test_spmd.py",
-    "notebooks/03-data-parallel-training.ipynb", "notebooks/04-multi-host.ipynb",
-    "tests/browser/test_other_hosts_in_lab.py", "tests/browser/test_lab_smoke.py",
-    "notebooks/05-debugging.ipynb", "tests/test_data.py", "tests/test_array_kinds.py",
-    "tests/test_architecture.py", "tests/test_notebook_without_mpi.py",
-    "tests/browser/test_failure_report_in_lab.py", "tests/browser/test_debugger_in_lab.py",
-    "tests/test_user_libraries.py", "tests/browser/test_sharding_widget.py",
+    "tests/test_slurm.py", "tests/test_keep_state.py", "tests/browser/test_cluster_panel.py",
+    "tests/test_cluster.py", "tests/test_global_reads.py", "tests/test_hang_rule.py",
+    "tests/test_ssh_hosts.py", "tests/browser/test_live_progress.py", "tests/test_kernel.py",
+    "tests/test_reads_hosts.py", "tests/test_routing_hosts.py", "tests/test_spmd.py",
+    "tests/browser/test_lab_smoke.py", "tests/browser/test_profile_in_lab.py",
+    "tests/test_demo.py", "tests/test_architecture.py",
+    "notebooks/03-data-parallel-training.ipynb", "notebooks/05-debugging.ipynb",
+    "tests/test_security.py", "tests/browser/test_other_hosts_in_lab.py",
+    "tests/test_limits.py", "notebooks/04-multi-host.ipynb", "tests/test_data.py",
+    "tests/browser/test_failure_report_in_lab.py", "tests/test_user_libraries.py",
+    "tests/browser/test_debugger_in_lab.py", "tests/test_scheduler_topology.py",
+    "tests/test_notebook_without_mpi.py", "tests/test_notebook_display.py",
+    "tests/browser/test_push_in_lab.py", "tests/browser/test_sharding_widget.py",
 ]
 
 
@@ -133,6 +136,14 @@ def shared_cluster():
         yield c
 
 
+def kill_leftovers(cluster_id: str | None) -> None:
+    """Kill what still runs of the cluster ``cluster_id`` (none: nothing was started); a process
+    that ends between the listing and its kill is gone, as wanted."""
+    for proc in cluster_processes(cluster_id) if cluster_id else []:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            proc.kill()
+
+
 @pytest.fixture
 def cluster(shared_cluster):
     """The shared 4 × 2 cluster, healthy and empty of the last test's state."""
@@ -147,8 +158,7 @@ def stopped_at_the_end(cluster) -> Iterator:
     finally:
         cluster_id = cluster.cluster_id
         cluster.stop()
-        for proc in cluster_processes(cluster_id):
-            proc.kill()
+        kill_leftovers(cluster_id)
 
 
 @contextmanager

@@ -70,6 +70,18 @@ def test_a_wait_on_ipyparallel_is_bounded_with_a_clear_error():
     assert not loop.running
 
 
+def test_ipyparallels_own_timeout_is_not_reported_as_the_starts_deadline():
+    """ipyparallel's Client gives up on the controller's answer with a TimeoutError of its own
+    (10 s unless told): that is its error, raised as it is, not "could not … within 120 s"."""
+    async def gives_up() -> None:
+        raise TimeoutError("Hub connection request timed out")
+
+    loop = LoopThread()
+    with pytest.raises(TimeoutError, match="Hub connection request timed out"):
+        loop.run(gives_up(), 120, "connect to the controller")
+    loop.close()
+
+
 def test_a_port_held_by_a_listening_socket_is_reported_in_use():
     with socket.socket() as sock:
         sock.bind(("", 0))

@@ -20,7 +20,7 @@ from IPython.testing.globalipapp import start_ipython
 from IPython.utils.capture import capture_output
 
 from jaxcluster import ConfigError, JaxCluster, JaxClusterError
-from tests.conftest import cluster_processes, wait_until_gone
+from tests.conftest import cluster_processes, kill_leftovers, wait_until_gone
 from tests.multihost import expected_psum, index_rank_psum
 
 pytestmark = pytest.mark.cluster
@@ -56,10 +56,9 @@ def external(ipython_dir):
             pids = client[:].apply_sync(os.getpid)
         yield {"cluster_id": cluster_id, "url_file": str(url_file), "pids": pids}
     finally:
-        leftovers = cluster_processes(cluster_id)
-        for proc in leftovers:
-            proc.kill()
-        wait_until_gone([p.pid for p in leftovers], 10)
+        leftovers = [p.pid for p in cluster_processes(cluster_id)]
+        kill_leftovers(cluster_id)
+        wait_until_gone(leftovers, 10)
 
 
 def _alive(pids: list[int]) -> bool:

@@ -10,7 +10,7 @@ from IPython.utils.capture import capture_output
 
 from jaxcluster import JaxCluster
 from jaxcluster.errors import ConfigError
-from tests.conftest import cluster_processes, run_spmd, shell_cluster
+from tests.conftest import kill_leftovers, run_spmd, shell_cluster
 
 GREETING = "hello from the notebook"
 # an XLA flag JAX's CPU backend reads at start-up, so a typo in it would fail the start
@@ -24,8 +24,7 @@ def ip():
     yield shell
     cluster = shell_cluster(shell)
     shell.run_line_magic("unload_ext", "jaxcluster")
-    for proc in cluster_processes(cluster.cluster_id) if cluster is not None else []:
-        proc.kill()
+    kill_leftovers(cluster.cluster_id if cluster is not None else None)
 
 
 @pytest.mark.parametrize(

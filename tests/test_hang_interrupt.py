@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from tests.conftest import cluster_processes, python_kernel
+from tests.conftest import kill_leftovers, python_kernel
 
 pytestmark = pytest.mark.cluster
 
@@ -26,8 +26,7 @@ def kernel():
             cluster_id = text.split()[-1]
             yield km, kc
     finally:
-        for proc in cluster_processes(cluster_id) if cluster_id else []:
-            proc.kill()
+        kill_leftovers(cluster_id)
 
 
 def run(kc, code: str, prelude: bool = False) -> tuple[dict, str]:

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pytest
 
-from tests.conftest import cluster_processes, hosts_or_skip, python_kernel
+from tests.conftest import hosts_or_skip, kill_leftovers, python_kernel
 from tests.netns_hosts import NamespaceHosts
 from tests.test_stdin import run as run_with_stdin
 
@@ -105,8 +105,7 @@ def kernel(hosts: NamespaceHosts):
             assert run(kc, f"%%spmd --setup\n{SETUP}").reply["status"] == "ok"
             yield km, kc
     finally:
-        for proc in cluster_processes(cluster_id) if cluster_id else []:
-            proc.kill()
+        kill_leftovers(cluster_id)
 
 
 def engines(kc) -> list[list]:

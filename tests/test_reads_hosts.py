@@ -19,9 +19,9 @@ import shlex
 import pytest
 
 from tests.conftest import (
-    cluster_processes,
     fresh_shell,
     hosts_or_skip,
+    kill_leftovers,
     magics_shell,
     run_spmd,
     shell_cluster,
@@ -97,8 +97,7 @@ def shared_shell(start_line):
             cluster_ids.append(shell_cluster(shell).cluster_id)
             yield shell
     finally:
-        for proc in cluster_processes(cluster_ids[0]) if cluster_ids else []:
-            proc.kill()
+        kill_leftovers(cluster_ids[0] if cluster_ids else None)
 
 
 @pytest.fixture

@@ -160,9 +160,9 @@ def start_controller(
     # ipyparallel writes it with the default umask; it names hosts, pids and ssh options
     os.chmod(cluster.cluster_file, 0o600)
     what = "connect to the controller"
-    launched.client = loop.run(
-        cluster.connect_client(), remaining(deadline, options, what), what
-    )
+    # the client's own bound on the controller's answer is 10 s unless told: the start's instead
+    bound = remaining(deadline, options, what)
+    launched.client = loop.run(cluster.connect_client(timeout=bound), bound, what)
 
 
 @dataclass

@@ -48,15 +48,16 @@ class LoopThread:
                 self._thread.start()
             loop = self._loop
         future = asyncio.run_coroutine_threadsafe(coroutine, loop)
-        try:
-            return future.result(timeout)
-        except concurrent.futures.TimeoutError:
+        # not future.result(timeout): a TimeoutError the coroutine raises itself (ipyparallel's
+        # own bounds) would read as this deadline
+        if not concurrent.futures.wait([future], timeout).done:
             future.cancel()
             raise JaxClusterError(
                 f"Could not {what} within {timeout:g} s: ipyparallel did not finish. The hosts "
                 "may be overloaded or unreachable; raise --timeout, or stop the cluster and "
                 "start it again."
-            ) from None
+            )
+        return future.result()
 
     def close(self) -> None:
         """Stop the loop and end its thread; what is still scheduled on it is dropped."""
