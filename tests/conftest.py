@@ -8,7 +8,7 @@ import signal
 import time
 import warnings
 import weakref
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 
 import psutil
@@ -55,6 +55,36 @@ def sigint_as_python_has_it(request) -> Iterator[None]:
         warnings.warn(f"{request.node.nodeid} left SIGINT's handler as "
                       f"{signal.getsignal(signal.SIGINT)!r}; restored", stacklevel=1)
         signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def notebook_outputs(messages: Iterable[dict]) -> list[tuple[str, dict]]:
+    """A cell's outputs as a notebook finally holds them, from its IOPub messages: each as
+    (kind, data), kind a stream's name, "display_data", "execute_result" or "error" (a stream's
+    text and an error's traceback as text/plain); a display as last updated; none from before
+    the last clear_output."""
+    shown: dict[str, tuple[str, dict]] = {}
+    order: list[str] = []
+    for msg in messages:
+        kind, content = msg["msg_type"], msg["content"]
+        if kind == "clear_output":
+            shown, order = {}, []
+            continue
+        if kind == "stream":
+            kind, data = content["name"], {"text/plain": content["text"]}
+        elif kind == "error":
+            data = {"text/plain": "\n".join(content["traceback"])}
+        elif kind in ("display_data", "update_display_data", "execute_result"):
+            data = content["data"]
+        else:
+            continue
+        key = content.get("transient", {}).get("display_id") or f"output {len(order)}"
+        if kind == "update_display_data":
+            if key in shown:
+                shown[key] = (shown[key][0], data)
+            continue
+        order.append(key)
+        shown[key] = (kind, data)
+    return [shown[key] for key in order]
 
 
 def cluster_processes(cluster_id: str) -> list[psutil.Process]:

@@ -23,7 +23,7 @@ from jupyter_client import KernelManager
 from jaxcluster.__main__ import main as cli
 from jaxcluster.notebook import kernelspec
 from jaxcluster.notebook.kernel_cells import cell_kind, help_request, remote_code, spmd_lines
-from tests.conftest import cluster_processes, kill_leftovers, wait_until_gone
+from tests.conftest import cluster_processes, kill_leftovers, notebook_outputs, wait_until_gone
 
 REPO = Path(__file__).resolve().parent.parent
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -178,27 +178,11 @@ class Kernel:
         return self.km.provisioner.pid
 
     def run(self, code: str, timeout: float = CELL_TIMEOUT) -> tuple[dict, list[tuple]]:
-        """The execute_reply's content and the cell's outputs as (type, text) pairs, a display
-        as last updated (as a notebook shows it: the live status replaced by what it became)."""
-        outputs: list[tuple] = []
-        shown: dict[str, int] = {}  # display id: its place in outputs
-
-        def hook(msg: dict) -> None:
-            kind, content = msg["msg_type"], msg["content"]
-            display_id = content.get("transient", {}).get("display_id")
-            if kind == "update_display_data" and display_id in shown:
-                outputs[shown[display_id]] = ("display_data",
-                                              content["data"].get("text/plain", ""))
-            elif kind == "stream":
-                outputs.append((content["name"], content["text"]))
-            elif kind in ("display_data", "execute_result", "update_display_data"):
-                if display_id:
-                    shown[display_id] = len(outputs)
-                outputs.append((kind, content["data"].get("text/plain", "")))
-            elif kind == "error":
-                outputs.append(("error", "\n".join(content["traceback"])))
-
-        reply = self.kc.execute_interactive(code, output_hook=hook, timeout=timeout)
+        """The execute_reply's content and the cell's outputs as (type, text) pairs, as a
+        notebook finally holds them (the live status replaced by what it became)."""
+        messages: list[dict] = []
+        reply = self.kc.execute_interactive(code, output_hook=messages.append, timeout=timeout)
+        outputs = [(kind, data.get("text/plain", "")) for kind, data in notebook_outputs(messages)]
         return reply["content"], outputs
 
     def text(self, code: str, timeout: float = CELL_TIMEOUT) -> str:

@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from tests.conftest import python_kernel
+from tests.conftest import notebook_outputs, python_kernel
 from tests.test_notebook_display import execute
 
 pytestmark = pytest.mark.cluster
@@ -27,22 +27,11 @@ def kernel():
 
 
 def final_outputs(messages):
-    """The cell's outputs as a notebook finally holds them: (display id or None, data)."""
-    shown: list[list] = []
-    for _, msg in messages:
-        kind, content = msg["msg_type"], msg["content"]
-        display_id = content.get("transient", {}).get("display_id")
-        if kind == "clear_output":
-            shown = []
-        elif kind == "stream":
-            shown.append([None, {"text/plain": content["text"]}])
-        elif kind == "display_data":
-            shown.append([display_id, content["data"]])
-        elif kind == "update_display_data":
-            for entry in shown:
-                if entry[0] == display_id:
-                    entry[1] = content["data"]
-    return [data for _, data in shown if data.get("text/plain") or len(data) > 1]
+    """The cell's displays and streams as a notebook finally holds them, the empty ones left
+    out."""
+    return [data for kind, data in notebook_outputs(m for _, m in messages)
+            if kind not in ("execute_result", "error")
+            and (data.get("text/plain") or len(data) > 1)]
 
 
 def texts(messages):

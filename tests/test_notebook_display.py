@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from tests.conftest import python_kernel
+from tests.conftest import notebook_outputs, python_kernel
 
 pytestmark = pytest.mark.cluster
 
@@ -57,20 +57,8 @@ def execute(kc, code, timeout=120):
 def final_outputs(messages):
     """The data of each display (a stream's: its text/plain) as a notebook would finally hold
     it."""
-    shown: dict[str, dict] = {}
-    order = []
-    for _, msg in messages:
-        kind, content = msg["msg_type"], msg["content"]
-        if kind == "clear_output":
-            shown, order = {}, []
-            continue
-        if kind not in ("display_data", "update_display_data", "stream"):
-            continue
-        key = content.get("transient", {}).get("display_id") or f"anon{len(order)}"
-        if kind != "update_display_data":
-            order.append(key)
-        shown[key] = content.get("data") or {"text/plain": content.get("text", "")}
-    return [shown[key] for key in order]
+    return [data for kind, data in notebook_outputs(m for _, m in messages)
+            if kind not in ("execute_result", "error")]
 
 
 def final_texts(messages):

@@ -160,8 +160,7 @@ def start_controller(
     # ipyparallel writes it with the default umask; it names hosts, pids and ssh options
     os.chmod(cluster.cluster_file, 0o600)
     what = "connect to the controller"
-    # the client's own bound on the controller's answer is 10 s unless told: the start's instead
-    bound = remaining(deadline, options, what)
+    bound = remaining(deadline, options, what)  # not the client's own 10 s for an answer
     launched.client = loop.run(cluster.connect_client(timeout=bound), bound, what)
 
 
