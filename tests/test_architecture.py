@@ -8,6 +8,7 @@ folder (any folder may import them, they import no folder)."""
 from __future__ import annotations
 
 import ast
+import functools
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -40,12 +41,18 @@ def module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
+@functools.cache  # read once a run: every import's check asks again
 def modules() -> dict[str, Path]:
     return {module_name(path): path for path in sorted(PACKAGE.rglob("*.py"))}
 
 
-def imports() -> Iterator[Import]:
+@functools.cache
+def imports() -> tuple[Import, ...]:
     """Every import in the package, lazy ones and those under TYPE_CHECKING included."""
+    return tuple(_each_import())
+
+
+def _each_import() -> Iterator[Import]:
     for name, path in modules().items():
         package = name if path.name == "__init__.py" else name.rpartition(".")[0]
         for node in ast.walk(ast.parse(path.read_text())):

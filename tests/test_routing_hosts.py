@@ -23,14 +23,19 @@ def hosts():
 
 
 def test_every_process_runs_its_own_cell_in_every_start(hosts):
+    """One start, then restarts (each starts both engines again, from the hosts' forking
+    processes), every time with the two engines' pids alike."""
     h1, h2 = hosts.networks[0].namespaces
-    for _ in range(STARTS):
-        hosts.set_next_pid(NEXT_PID)
-        cluster = JaxCluster(
-            launcher="ssh", hosts=[hosts.address(h1), hosts.address(h2)], nodes=2,
-            devices_per_node=1, platform="cpu", launcher_args=hosts.ssh_args, timeout=120,
-        )
-        with stopped_at_the_end(cluster.start()):
+    hosts.set_next_pid(NEXT_PID)
+    cluster = JaxCluster(
+        launcher="ssh", hosts=[hosts.address(h1), hosts.address(h2)], nodes=2,
+        devices_per_node=1, platform="cpu", launcher_args=hosts.ssh_args, timeout=120,
+    )
+    with stopped_at_the_end(cluster.start()):
+        for start in range(STARTS):
+            if start:
+                hosts.set_next_pid(NEXT_PID)
+                cluster.restart(replay=False)
             first, second = cluster.processes
             assert first.pid == second.pid  # the case where paths named by pid collide
             result = cluster.run(

@@ -33,6 +33,19 @@ def test_only_the_projects_python_files_count(tmp_path):
                                                        "pkg/layers.py"]
 
 
+def test_gitignore_rules_apply_below_their_folder_as_git_applies_them(tmp_path):
+    """A pattern with a "/" is anchored to its .gitignore's folder (so a panel's
+    ``/web/node_modules/`` is never walked); one without matches at any depth below it."""
+    for relative in ("web/node_modules/gyp/setup.py", "web/build.py", "node_modules/kept.py",
+                     "pkg/deep/build/out.py", "pkg/deep/layers.py", "pkg/notes_1.py",
+                     "pkg/sub/local.py", "pkg/local.py"):
+        write(tmp_path, relative)
+    (tmp_path / ".gitignore").write_text("/web/node_modules/\nbuild/\nnotes_*.py\n")
+    (tmp_path / "pkg" / ".gitignore").write_text("sub/local.py\n")
+    assert sorted(sync.scan(str(tmp_path), 10**6)) == [
+        "node_modules/kept.py", "pkg/deep/layers.py", "pkg/local.py", "web/build.py"]
+
+
 def test_the_same_files_on_two_hosts_have_one_digest(tmp_path):
     write(tmp_path, "a.py")
     listing = sync.scan(str(tmp_path), 10**6)

@@ -63,13 +63,13 @@ def main() -> None:
 
 def _import_what_every_engine_needs() -> None:
     """Once, before the engines are forked, instead of in each: ipyparallel's kernel, this
-    package's engine side, what IPython's shell imports as it starts (``SHELL_IMPORTS``), and
-    the versions every engine reports."""
+    package's engine side, what IPython's shell imports as it starts (``SHELL_IMPORTS``), the
+    versions every engine reports, and what a process's first traceback builds."""
     import importlib
     import pkgutil
 
     from .. import engine
-    from . import ipyparallel_internals
+    from . import ipyparallel_internals, ipython_internals
 
     ipyparallel_internals.import_engine_kernel()
 
@@ -80,6 +80,7 @@ def _import_what_every_engine_needs() -> None:
         with contextlib.suppress(ImportError):  # another IPython's; imported later if needed
             importlib.import_module(name)
     engine.process.versions()
+    ipython_internals.draw_one_traceback()
 
 
 # what an engine's shell imported after the fork (its history, inspector, default extension,

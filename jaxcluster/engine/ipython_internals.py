@@ -131,3 +131,17 @@ def structured_traceback(etype: type, value: BaseException, tb: Any) -> list[str
     from IPython import get_ipython
 
     return list(get_ipython().InteractiveTB.structured_traceback(etype, value, tb))
+
+
+def draw_one_traceback() -> None:
+    """Draw one traceback as a shell does, before the engines are forked: its first one costs a
+    process ``stack_data``'s imports and pygments' lexer, built anew (its regular expressions
+    compiled) for every traceback unless Python's ``re`` already holds them."""
+    import sys
+
+    from IPython.core.ultratb import AutoFormattedTB
+
+    try:
+        raise ValueError("drawn once before the fork")
+    except ValueError:
+        AutoFormattedTB(mode="Context").structured_traceback(*sys.exc_info())

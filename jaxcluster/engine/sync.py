@@ -37,16 +37,20 @@ def scan(root: str, limit: int) -> Listing:
     time; raises ``TooLarge`` past ``limit`` bytes (or ``MAX_ENTRIES`` entries walked)."""
     found: Listing = {}
     total = visited = 0
+    rules: dict[str, list[Rule]] = {root: []}  # folder -> the .gitignore rules that apply in it
     for folder, dirs, files in os.walk(root):
-        ignored = _ignored(folder)
+        here = rules.pop(folder) + _rules(folder, os.path.relpath(folder, root))
         dirs[:] = sorted(d for d in dirs if not d.startswith(".") and d != "__pycache__"
                          and not os.path.exists(os.path.join(folder, d, "pyvenv.cfg"))
-                         and not _matches(ignored, d, folder=True))
+                         and not _ignored(here, os.path.join(folder, d), root, folder=True))
+        for d in dirs:
+            rules[os.path.join(folder, d)] = here
         visited += len(dirs) + len(files)
         for name in files:
-            if name.startswith(".") or not name.endswith(SUFFIXES) or _matches(ignored, name):
-                continue
             path = os.path.join(folder, name)
+            if (name.startswith(".") or not name.endswith(SUFFIXES)
+                    or _ignored(here, path, root)):
+                continue
             try:
                 stat = os.stat(path)
             except OSError:
@@ -64,22 +68,35 @@ def digest(listing: Listing) -> str:
     return hashlib.sha256(repr(sorted(listing.items())).encode()).hexdigest()
 
 
-def _ignored(folder: str) -> list[str]:
-    """The patterns of ``folder``'s own ``.gitignore`` (negations are not supported: such a
-    file is then copied, which costs bytes, never correctness)."""
+# one line of a .gitignore: (the folder it sits in, relative to the root; its pattern; whether
+# the pattern holds a "/", which anchors it to that folder; whether it names folders only)
+Rule = tuple[str, str, bool, bool]
+
+
+def _rules(folder: str, relative: str) -> list[Rule]:
+    """The rules of ``folder``'s own ``.gitignore``, as git reads them: a pattern with a "/"
+    before its end is anchored to that folder, one without matches a name at any depth below
+    (negations are not supported: such a file is then left out)."""
     try:
         with open(os.path.join(folder, ".gitignore")) as f:
             lines = [line.strip() for line in f]
     except OSError:
         return []
-    return [line.lstrip("/") for line in lines if line and not line.startswith(("#", "!"))]
+    return [(relative, line.rstrip("/").lstrip("/"), "/" in line.rstrip("/"), line.endswith("/"))
+            for line in lines if line and not line.startswith(("#", "!"))]
 
 
-def _matches(patterns: list[str], name: str, folder: bool = False) -> bool:
-    """Whether ``name`` (a file's, or with ``folder`` a folder's) matches a pattern; a pattern
-    ending in ``/`` names folders only."""
-    return any(fnmatch.fnmatch(name, p.rstrip("/")) for p in patterns
-               if folder or not p.endswith("/"))
+def _ignored(rules: list[Rule], path: str, root: str, folder: bool = False) -> bool:
+    """Whether ``path`` (a file's, or with ``folder`` a folder's) below ``root`` matches one of
+    ``rules``."""
+    relative = os.path.relpath(path, root)
+    for base, pattern, anchored, folders_only in rules:
+        if folders_only and not folder:
+            continue
+        name = os.path.relpath(relative, base) if anchored else os.path.basename(relative)
+        if fnmatch.fnmatch(name, pattern):
+            return True
+    return False
 
 
 def sees(root: str, wanted: str, limit: int) -> bool:
