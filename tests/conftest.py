@@ -19,22 +19,23 @@ os.environ.setdefault("IPP_NONINTERACTIVE", "1")
 
 # The files that take longest (`pytest --durations=0`, summed per file), begun first so that
 # pytest-xdist's workers, each given whole files, end together; the rest follow in
-# pytest-randomly's order.
+# pytest-randomly's order. The first two: one that mostly waits (on other hosts, on gloo's own
+# timeout) beside one that keeps both cores busy.
 LONGEST_FIRST = [
-    "tests/test_other_hosts.py", "tests/test_mpi.py", "tests/test_kept.py",
-    "tests/test_slurm.py", "tests/test_keep_state.py", "tests/browser/test_cluster_panel.py",
-    "tests/test_cluster.py", "tests/test_global_reads.py", "tests/test_hang_rule.py",
-    "tests/test_ssh_hosts.py", "tests/browser/test_live_progress.py", "tests/test_kernel.py",
-    "tests/test_reads_hosts.py", "tests/test_routing_hosts.py", "tests/test_spmd.py",
-    "tests/browser/test_lab_smoke.py", "tests/browser/test_profile_in_lab.py",
-    "tests/test_demo.py", "tests/test_architecture.py",
-    "notebooks/03-data-parallel-training.ipynb", "notebooks/05-debugging.ipynb",
-    "tests/test_security.py", "tests/browser/test_other_hosts_in_lab.py",
-    "tests/test_limits.py", "notebooks/04-multi-host.ipynb", "tests/test_data.py",
-    "tests/browser/test_failure_report_in_lab.py", "tests/test_user_libraries.py",
-    "tests/browser/test_debugger_in_lab.py", "tests/test_scheduler_topology.py",
-    "tests/test_notebook_without_mpi.py", "tests/test_notebook_display.py",
-    "tests/browser/test_push_in_lab.py", "tests/browser/test_sharding_widget.py",
+    "tests/test_other_hosts.py", "tests/test_keep_state.py", "tests/test_mpi.py",
+    "tests/test_kept.py", "tests/test_kernel.py", "tests/test_cluster.py", "tests/test_slurm.py",
+    "tests/browser/test_cluster_panel.py", "notebooks/03-data-parallel-training.ipynb",
+    "tests/test_hang_rule.py", "tests/browser/test_profile_in_lab.py",
+    "tests/browser/test_live_progress.py", "tests/test_reads_hosts.py",
+    "tests/test_global_reads.py", "tests/test_spmd.py", "tests/test_ssh_hosts.py",
+    "tests/test_user_libraries.py", "tests/test_data.py", "notebooks/05-debugging.ipynb",
+    "notebooks/04-multi-host.ipynb", "tests/browser/test_other_hosts_in_lab.py",
+    "tests/browser/test_lab_smoke.py", "tests/test_security.py", "tests/test_limits.py",
+    "tests/browser/test_failure_report_in_lab.py", "tests/test_notebook_without_mpi.py",
+    "tests/browser/test_debugger_in_lab.py", "tests/test_notebook_display.py",
+    "tests/test_scheduler_topology.py", "tests/browser/test_sharding_widget.py",
+    "tests/test_live_output.py", "tests/test_connect.py", "tests/test_call.py",
+    "tests/test_array_kinds.py", "tests/test_demo.py", "tests/browser/test_push_in_lab.py",
 ]
 
 
