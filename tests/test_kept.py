@@ -139,7 +139,7 @@ def test_a_kernel_killed_while_a_cell_runs_attach_says_what_the_cell_did(
         assert cluster.last_cell.startswith("The last cell (cell): still runs on process 0 (for ")
         assert cluster.last_cell.endswith("process 1 raised ValueError: bad."), cluster.last_cell
         release.touch()
-        detached(cluster, name)
+        cluster.detach()
         again = attached_once(name, lambda said: "still runs" not in said)  # process 0 ended
         assert again.last_cell.startswith("The last cell (cell): ended without error on "
                                           "process 0 "), again.last_cell
@@ -150,23 +150,12 @@ def test_a_kernel_killed_while_a_cell_runs_attach_says_what_the_cell_did(
             JaxCluster.stop_kept(name)
 
 
-
-
-def detached(cluster: JaxCluster, name: str, timeout: float = 15) -> None:
-    """``cluster`` detached, and the keeper of ``name`` told so (it learns when the line closes)."""
-    cluster.detach()
-    deadline = time.monotonic() + timeout
-    while {r.name: r for r in JaxCluster.kept_clusters()}[name].holder is not None:
-        assert time.monotonic() < deadline, "the keeper still names a holder"
-        time.sleep(0.05)
-
-
 def attached_once(name: str, told, timeout: float = 30) -> JaxCluster:
     """The kept cluster ``name`` attached once its last cell's report holds ``told``."""
     deadline = time.monotonic() + timeout
     while not told((cluster := JaxCluster.attach(name)).last_cell):
         assert time.monotonic() < deadline, cluster.last_cell
-        detached(cluster, name)
+        cluster.detach()
     return cluster
 
 
@@ -337,7 +326,8 @@ def test_a_kernel_that_attached_restarts_the_cluster_keeping_its_state(name: str
         assert [p.stdout for p in result.processes] == [CHECKED] * 2, result
         engines = psutil.Process(keeper_pids(name)[0]).children(recursive=True)
         assert not {p.pid for p in engines} & set(before.values())  # the old ones ended
-        detached(cluster, name)
+        cluster.detach()  # returns once the keeper has let go: the attach below finds it free
+        assert {r.name: r for r in JaxCluster.kept_clusters()}[name].holder is None
         again = JaxCluster.attach(name)
         assert [p.stdout for p in again.run(CHECK).processes] == [CHECKED] * 2
         again.restart()  # without the state: the setup cells replayed

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import sys
+import tempfile
 from pathlib import Path
 
 import nbformat
@@ -32,9 +33,15 @@ def _path_without_mpi(shim: Path) -> str:
     return os.pathsep.join([os.path.dirname(sys.executable), str(shim)])
 
 
-def test_the_multi_host_tutorial_runs_without_mpi(tmp_path, monkeypatch):
+def test_the_multi_host_tutorial_runs_without_mpi(tmp_path, monkeypatch, request):
     monkeypatch.setenv("PATH", _path_without_mpi(tmp_path / "bin"))
     monkeypatch.setenv("IPP_NONINTERACTIVE", "1")
+    # its kept cluster ("tutorial") apart from the one nbval's run of the same notebook may
+    # keep at the same time: a user's kept clusters are those of one runtime folder (short:
+    # its sockets' paths must fit)
+    runtime = tempfile.TemporaryDirectory(prefix="jc-runtime-")
+    request.addfinalizer(runtime.cleanup)
+    monkeypatch.setenv("JUPYTER_RUNTIME_DIR", runtime.name)
     path = ROOT / "notebooks" / "04-multi-host.ipynb"
     nb = nbformat.read(path, as_version=4)
     NotebookClient(nb, timeout=300, kernel_name="python3",

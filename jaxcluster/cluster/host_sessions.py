@@ -196,14 +196,10 @@ class HostSession:
         elif "forked" in message:
             pids = [int(pid) for pid in message["forked"]]
             self._served = True
-            with self._lock:
-                for pid in pids:
-                    # the pid is a new engine's from now on: an earlier engine's end under it
-                    # (told before this, as that engine was reaped before its pid could be
-                    # taken again) is not this one's
-                    earlier = self._exits.pop(pid, None)
-                    if earlier is not None and not earlier.done():
-                        self._exits[pid] = earlier  # asked for before the fork was told
+            with self._lock:  # a pid taken again: the end of the engine reaped under it
+                for pid in pids:  # (told before this) is not the new engine's
+                    if pid in self._exits and self._exits[pid].done():
+                        del self._exits[pid]
             for pid in pids:
                 self.exit_of(pid)
             if self._fork is not None:

@@ -27,6 +27,7 @@ from .keeper import PREFIX, greet, listening, live_records, record_path, verifie
 
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z")
 START_SECONDS = 30  # for a keeper to write its record
+RELEASE_SECONDS = 5  # for a keeper to let go of a kernel that detached
 UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
@@ -230,7 +231,8 @@ class Hold:
             self._connection.close()
             raise JaxClusterError(f"The keeper of {kept.name!r} refused: {answer}")
         self.info: dict[str, Any] = answer["info"]
-        threading.Thread(target=self._listen, daemon=True).start()
+        self._listening = threading.Thread(target=self._listen, daemon=True)
+        self._listening.start()
 
     def _listen(self) -> None:
         for message in self._connection.messages():
@@ -238,7 +240,11 @@ class Hold:
             self.stopped_by = message.get("stopped_by", self.stopped_by)
 
     def release(self) -> None:
-        self._connection.shutdown()
+        """Let go, and wait (``RELEASE_SECONDS`` at most) until the keeper has let go too: an
+        attach right after a detach, from any kernel, finds the cluster free."""
+        with contextlib.suppress(OSError):
+            self._connection.socket.shutdown(socket.SHUT_WR)  # the keeper reads the end
+        self._listening.join(RELEASE_SECONDS)  # ends as the keeper closes its side
         self._connection.close()
 
 

@@ -134,9 +134,8 @@ def structured_traceback(etype: type, value: BaseException, tb: Any) -> list[str
 
 
 def draw_one_traceback() -> None:
-    """Draw one traceback as a shell does, before the engines are forked: its first one costs a
-    process ``stack_data``'s imports and pygments' lexer, built anew (its regular expressions
-    compiled) for every traceback unless Python's ``re`` already holds them."""
+    """Draw one traceback as a shell does, before the fork: else each engine's first imports
+    ``stack_data`` and compiles pygments' lexer's expressions (kept in ``re``'s cache)."""
     import sys
 
     from IPython.core.ultratb import AutoFormattedTB
