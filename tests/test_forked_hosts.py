@@ -75,10 +75,13 @@ def test_each_hosts_engines_are_forked_there_by_one_process_that_imported_jax(st
 
 
 def test_the_hosts_are_started_at_once(started, hosts):
-    began = sorted(psutil.Process(forking_processes(hosts, h)[0].root_pid).create_time()
-                   for h in hosts.networks[0].namespaces)
-    # one after another they would be an import (seconds) apart
-    assert began[-1] - began[0] < 0.5
+    forking = [psutil.Process(forking_processes(hosts, h)[0].root_pid)
+               for h in hosts.networks[0].namespaces]
+    began = sorted(p.create_time() for p in forking)
+    # one after another, each would start once the one before had imported JAX and the
+    # engine's stack: at least the CPU time that took it, however busy the machine
+    imported = min(sum(p.cpu_times()[:2]) for p in forking)
+    assert began[-1] - began[0] < imported, (began, imported)
 
 
 def test_progress_names_the_hosts_still_awaited(started, hosts):
