@@ -39,17 +39,18 @@ def scan(root: str, limit: int) -> Listing:
     total = visited = 0
     rules: dict[str, list[Rule]] = {root: []}  # folder -> the .gitignore rules that apply in it
     for folder, dirs, files in os.walk(root):
-        here = rules.pop(folder) + _rules(folder, os.path.relpath(folder, root))
+        relative = os.path.relpath(folder, root)
+        here = rules.pop(folder) + _rules(folder, relative)
         dirs[:] = sorted(d for d in dirs if not d.startswith(".") and d != "__pycache__"
                          and not os.path.exists(os.path.join(folder, d, "pyvenv.cfg"))
-                         and not _ignored(here, os.path.join(folder, d), root, folder=True))
+                         and not _ignored(here, os.path.join(relative, d), folder=True))
         for d in dirs:
             rules[os.path.join(folder, d)] = here
         visited += len(dirs) + len(files)
         for name in files:
             path = os.path.join(folder, name)
             if (name.startswith(".") or not name.endswith(SUFFIXES)
-                    or _ignored(here, path, root)):
+                    or _ignored(here, os.path.join(relative, name))):
                 continue
             try:
                 stat = os.stat(path)
@@ -86,10 +87,9 @@ def _rules(folder: str, relative: str) -> list[Rule]:
             for line in lines if line and not line.startswith(("#", "!"))]
 
 
-def _ignored(rules: list[Rule], path: str, root: str, folder: bool = False) -> bool:
-    """Whether ``path`` (a file's, or with ``folder`` a folder's) below ``root`` matches one of
-    ``rules``."""
-    relative = os.path.relpath(path, root)
+def _ignored(rules: list[Rule], relative: str, folder: bool = False) -> bool:
+    """Whether ``relative`` (a file's path from the root, or with ``folder`` a folder's)
+    matches one of ``rules``."""
     for base, pattern, anchored, folders_only in rules:
         if folders_only and not folder:
             continue
