@@ -200,3 +200,43 @@ def test_the_watchdog_kills_processes_of_its_cluster_no_file_lists() -> None:
         for proc in (parent, engine, watchdog):
             proc.kill()
             proc.wait()
+
+
+# on the notebook's PYTHONPATH, read by the controller alone: it exits before it is ready, as
+# one whose port another process took first does, the first ``{exits}`` times it starts
+EXITING_CONTROLLER = """
+import os
+if b"jaxcluster.cluster.controller" in open("/proc/self/cmdline", "rb").read():
+    count = os.path.join(os.path.dirname(os.path.abspath(__file__)), "starts")
+    started = int(open(count).read()) if os.path.exists(count) else 0
+    open(count, "w").write(str(started + 1))
+    if started < {exits}:
+        os.write(2, b"zmq.error.ZMQError: Address already in use (addr='tcp://127.0.0.1:1')\\n")
+        os._exit(1)
+"""
+
+
+@pytest.mark.parametrize("exits", [1, 99])
+def test_a_controller_that_exits_before_it_is_ready_is_started_again_then_named(
+        tmp_path, monkeypatch, exits) -> None:
+    (tmp_path / "sitecustomize.py").write_text(EXITING_CONTROLLER.format(exits=exits))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
+        [str(tmp_path), *filter(None, [os.environ.get("PYTHONPATH")])]))
+    cluster = JaxCluster(nodes=1, devices_per_node=1, platform="cpu", timeout=60)
+    try:
+        if exits == 1:
+            cluster.start()
+            counted = cluster.run("import jax\nprint(jax.process_count())")
+            assert counted.processes[0].stdout == "1\n"
+        else:
+            with pytest.raises(JaxClusterError) as info:
+                cluster.start()
+            message = str(info.value)
+            assert message.startswith("The cluster's controller exited (status 1) before it "
+                                      "was ready, 3 times. It wrote:\n"), message
+            assert "Address already in use" in message
+    finally:
+        cluster.stop()
+    assert (tmp_path / "starts").read_text() == str(min(exits + 1, 3))
+    assert wait_until_gone([p.pid for p in cluster_processes(cluster.cluster_id)],
+                           GONE_SECONDS) == []

@@ -196,11 +196,12 @@ if os.environ.get("OMPI_COMM_WORLD_RANK") == "3":
 @pytest.mark.cluster
 def test_an_engine_that_never_registers_ends_start_in_time_and_nothing_is_left(tmp_path):
     (tmp_path / "sitecustomize.py").write_text(textwrap.dedent(BLOCK_RANK_3))
-    cluster = mpi_cluster(timeout=20, engine_env={"PYTHONPATH": str(tmp_path)})
+    # however many of the others register in that time, rank 3 does not
+    cluster = mpi_cluster(timeout=8, engine_env={"PYTHONPATH": str(tmp_path)})
     began = time.monotonic()
-    with pytest.raises(JaxClusterError, match=r"Only [0-3] of 4 engines registered within 20 s"):
+    with pytest.raises(JaxClusterError, match=r"Only [0-3] of 4 engines registered within 8 s"):
         cluster.start()
-    assert time.monotonic() - began < 20 + 15
+    assert time.monotonic() - began < 8 + 15
     assert wait_until_gone([p.pid for p in cluster_processes(cluster.cluster_id)], 15) == []
 
 

@@ -36,6 +36,7 @@ from .options import ClusterOptions
 MARGIN_SECONDS = 30
 # seconds the hosts get to say who they are, when an error is named by host
 IDENTIFY_SECONDS = 5
+CONTROLLER_TRIES = 3  # starts of a controller that exits before it is ready
 
 
 class Stoppable(Protocol):
@@ -155,13 +156,32 @@ def start_controller(
     if launched.sessions is not None:
         launched.sessions.progress = progress  # "hosts reached" comes meanwhile
         launched.sessions.open()
-    what = "start the controller"
-    loop.run(cluster.start_controller(), remaining(deadline, options, what), what)
-    # ipyparallel writes it with the default umask; it names hosts, pids and ssh options
-    os.chmod(cluster.cluster_file, 0o600)
-    what = "connect to the controller"
-    bound = remaining(deadline, options, what)  # not the client's own 10 s for an answer
-    launched.client = loop.run(cluster.connect_client(timeout=bound), bound, what)
+    for attempt in range(1, CONTROLLER_TRIES + 1):
+        what = "start the controller"
+        loop.run(cluster.start_controller(), remaining(deadline, options, what), what)
+        # ipyparallel writes it with the default umask; it names hosts, pids and ssh options
+        # (and removes it at once if the controller has already exited)
+        with contextlib.suppress(FileNotFoundError):
+            os.chmod(cluster.cluster_file, 0o600)
+        what = "connect to the controller"
+        bound = remaining(deadline, options, what)  # not the client's own 10 s for an answer
+        try:
+            launched.client = loop.run(cluster.connect_client(timeout=bound), bound, what)
+            return
+        except RuntimeError:
+            ended = cluster.controller is not None and not cluster.controller.running
+            if not ended:
+                raise
+            # ipyparallel draws the controller's ports by binding and letting go of them, so
+            # another process may take one first: a new controller draws new ones
+            status = cluster.controller.poll()
+            output = cluster.controller.get_output()
+            loop.run(cluster.stop_controller(), remaining(deadline, options, what), what)
+            if attempt == CONTROLLER_TRIES:
+                raise JaxClusterError(
+                    f"The cluster's controller exited (status {status}) before it was ready, "
+                    f"{attempt} times. It wrote:\n{output[-2000:].strip() or '(nothing)'}"
+                ) from None
 
 
 @dataclass

@@ -9,7 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from .lab import ARTIFACTS_DIR, CHROMIUM, JupyterLabServer, chromium_page, save_screenshot
+from .lab import (
+    ARTIFACTS_DIR,
+    CHROMIUM,
+    JupyterLabServer,
+    chromium,
+    chromium_page,
+    save_screenshot,
+)
 
 _HERE = Path(__file__).resolve().parent
 # Whole-test bound (pytest-timeout); Lab startup + kernel on 2 cores is slow.
@@ -59,29 +66,45 @@ def playwright_instance():
         yield p
 
 
-@pytest.fixture(scope="module")
-def lab_server(request, tmp_path_factory):
-    """A JupyterLab server rooted at a fresh tmp dir (`lab_server.root_dir`)."""
+@pytest.fixture(scope="session")
+def _lab(tmp_path_factory):
+    """One JupyterLab server for the worker's browser tests (each file's notebooks have names
+    of their own): started once, not once per file."""
     reason = _skip_reason()
     if reason:
         pytest.skip(reason)
-    root = tmp_path_factory.mktemp("lab-root")
-    server = JupyterLabServer(root)
-    name = request.module.__name__.rsplit(".", 1)[-1]
-    with server:
+    with JupyterLabServer(tmp_path_factory.mktemp("lab-root")) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def lab_server(request, _lab):
+    """The JupyterLab server (`lab_server.root_dir`), left without kernels when the file's tests
+    end, as a new one would be; its log so far is kept as the file's."""
+    try:
+        yield _lab
+    finally:
         try:
-            yield server
+            _lab.shut_down_kernels()
         finally:
-            # Copy the log out before the server's private dir is removed.
+            name = request.module.__name__.rsplit(".", 1)[-1]
             ARTIFACTS_DIR.mkdir(parents=True, exist_ok=True)
-            (ARTIFACTS_DIR / f"{name}-jupyter-server.log").write_text(server.log())
+            (ARTIFACTS_DIR / f"{name}-jupyter-server.log").write_text(_lab.log())
+
+
+@pytest.fixture(scope="session")
+def browser(playwright_instance):
+    """One headless Chromium for the worker's browser tests; each test's page is in a fresh
+    context."""
+    with chromium(playwright_instance) as launched:
+        yield launched
 
 
 @pytest.fixture
-def browser_page(request, playwright_instance):
+def browser_page(request, browser):
     """A fresh Chromium page; screenshots itself into test-artifacts/ on failure."""
     safe = re.sub(r"[^\w.-]+", "_", request.node.name)
-    with chromium_page(playwright_instance, ARTIFACTS_DIR,
+    with chromium_page(browser, ARTIFACTS_DIR,
                        console_log_name=f"{safe}-console.log") as page:
         yield page
         rep = getattr(request.node, "_jc_rep_call", None)

@@ -91,16 +91,25 @@ class JupyterLabServer:
             return f"{self.url}lab/tree/{p}?token={self.token}"
         return f"{self.url}lab/workspaces/{quote(workspace)}/tree/{p}?reset&token={self.token}"
 
-    def api(self, endpoint: str, timeout: float = 5.0):
-        """GET a JSON REST endpoint, e.g. api('api/kernels')."""
+    def api(self, endpoint: str, timeout: float = 5.0, method: str = "GET"):
+        """Call a JSON REST endpoint, e.g. api('api/kernels'); None for an empty answer."""
         req = urllib.request.Request(
-            self.url + endpoint.lstrip("/"),
+            self.url + endpoint.lstrip("/"), method=method,
             headers={"Authorization": f"token {self.token}"},
         )
         # Empty ProxyHandler: a host http_proxy must not capture loopback.
         opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
         with opener.open(req, timeout=timeout) as r:
-            return json.loads(r.read().decode())
+            body = r.read().decode()
+        return json.loads(body) if body else None
+
+    def shut_down_kernels(self, timeout: float = 120.0) -> None:
+        """Shut every kernel down as the Lab's "Shut Down All" does, so that the server is
+        left as a new one is (each JAX Cluster kernel stops its cluster as it goes)."""
+        for session in self.api("api/sessions"):
+            self.api(f"api/sessions/{session['id']}", timeout=timeout, method="DELETE")
+        for kernel in self.api("api/kernels"):
+            self.api(f"api/kernels/{kernel['id']}", timeout=timeout, method="DELETE")
 
     def log(self) -> str:
         if self.log_path is None or not self.log_path.exists():
@@ -283,27 +292,38 @@ def _is_running(p) -> bool:
 # -- browser ---------------------------------------------------------------
 
 @contextlib.contextmanager
-def chromium_page(playwright, artifacts_dir: str | os.PathLike | None = None,
+def chromium(playwright) -> Iterator:
+    """Launch Debian's headless Chromium; yield the browser. Each page comes in a context of
+    its own (``chromium_page``), as empty as a new profile."""
+    # Playwright's launch() gives every browser a new, empty temp profile
+    # (it refuses --user-data-dir) and removes it on close.
+    browser = playwright.chromium.launch(
+        executable_path=CHROMIUM,
+        headless=True,
+        args=CHROMIUM_ARGS,
+        timeout=60_000,
+    )
+    try:
+        yield browser
+    finally:
+        with contextlib.suppress(Exception):
+            browser.close()
+
+
+@contextlib.contextmanager
+def chromium_page(browser, artifacts_dir: str | os.PathLike | None = None,
                   default_timeout_ms: float = 60_000,
                   console_log_name: str = "browser-console.log") -> Iterator:
-    """Launch Debian's headless Chromium with a fresh profile; yield a page.
+    """A page of ``browser`` in a fresh context (no cookies, storage or cache of another's).
 
     Browser console messages and page errors are written to
     <artifacts_dir>/<console_log_name> to help diagnose failures.
     """
     artifacts = Path(artifacts_dir) if artifacts_dir else ARTIFACTS_DIR
     artifacts.mkdir(parents=True, exist_ok=True)
-    browser = None
+    context = None
     console_lines: list[str] = []
     try:
-        # Playwright's launch() gives every browser a new, empty temp profile
-        # (it refuses --user-data-dir) and removes it on close.
-        browser = playwright.chromium.launch(
-            executable_path=CHROMIUM,
-            headless=True,
-            args=CHROMIUM_ARGS,
-            timeout=60_000,
-        )
         context = browser.new_context(viewport={"width": 1400, "height": 900})
         context.set_default_timeout(default_timeout_ms)
         page = context.new_page()
@@ -313,9 +333,9 @@ def chromium_page(playwright, artifacts_dir: str | os.PathLike | None = None,
     finally:
         if console_lines:
             (artifacts / console_log_name).write_text("\n".join(console_lines) + "\n")
-        if browser is not None:
+        if context is not None:
             with contextlib.suppress(Exception):
-                browser.close()
+                context.close()
 
 
 def save_screenshot(page, name: str) -> Path:
