@@ -40,7 +40,7 @@ QUICK_TESTS := tests/test_spmd.py tests/test_cluster.py tests/test_hang_rule.py 
 	tests/test_architecture.py tests/test_suite_rules.py tests/test_engine_adapters.py \
 	tests/test_jax_adapter.py tests/test_layout_render.py tests/test_options_declared_once.py
 
-.PHONY: lab test test-suite test-oldest-jax-logged test-quick test-oldest-jax setup-for-tests lint demo notebooks bench \
+.PHONY: lab test test-quick test-oldest-jax setup-for-tests lint demo notebooks bench \
 	system-deps clean
 
 # $(call install,VENV,PACKAGES): uv (put in the venv by pip) installs what pip would, from the
@@ -87,21 +87,10 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
 
-# the set-up's independent steps at once (two venvs' installs, the panel's build, the checks);
-# then the main suite and, beside it on a worker of its own, the core suite on the oldest JAX
-# (the main suite's tests wait on other processes often enough to leave it room), whose output
-# is shown at the end
-OLDEST_LOG := test-artifacts/oldest-jax.log
+# the set-up's independent steps at once (two venvs' installs, the panel's build, the checks)
 test: setup-for-tests
-	@mkdir -p $(dir $(OLDEST_LOG))
-	@$(MAKE) --no-print-directory -j2 test-suite test-oldest-jax-logged; status=$$?; \
-	echo "== the core suite on JAX $(OLDEST_JAX) =="; cat $(OLDEST_LOG); exit $$status
-
-test-suite:
 	$(PYTEST)
-
-test-oldest-jax-logged: $(OLDEST_STAMP)
-	$(MAKE) --no-print-directory test-oldest-jax WORKERS=1 > $(OLDEST_LOG) 2>&1
+	$(MAKE) --no-print-directory test-oldest-jax
 
 setup-for-tests:
 	$(MAKE) --no-print-directory -j4 $(PANEL) $(OLDEST_STAMP) system-deps lint

@@ -49,10 +49,13 @@ class Cell:
     reply: dict
     took: float  # seconds from the request to the reply
     texts: list[tuple[float, str]] = field(default_factory=list)  # (seconds in, text) shown
+    # what the notebook shows once the cell has ended: a display updated in place (the live
+    # view of a cell that runs long enough to show one) holds its last text only
+    shown: dict[object, str] = field(default_factory=dict)
 
     @property
     def text(self) -> str:
-        return "\n".join(text for _, text in self.texts)
+        return "\n".join(text for text in self.shown.values() if text)
 
     def first(self, words: str) -> float | None:
         """When ``words`` were first shown (a live status or the final output)."""
@@ -63,6 +66,7 @@ def run(kc, code: str) -> Cell:
     """Run a cell in the kernel; what it showed, when, and its reply."""
     began = time.monotonic()
     texts: list[tuple[float, str]] = []
+    shown: dict[object, str] = {}
 
     def hook(msg: dict) -> None:
         content = msg["content"]
@@ -73,11 +77,16 @@ def run(kc, code: str) -> Cell:
             text = content["data"].get("text/plain", "")
         elif msg["msg_type"] == "error":
             text = "\n".join(content["traceback"])
+        display = content.get("transient", {}).get("display_id")
+        if display is not None and (display in shown or text):
+            shown[display] = text
+        elif text:
+            shown[len(shown), "output"] = text
         if text:
             texts.append((time.monotonic() - began, text))
 
     reply = kc.execute_interactive(code, output_hook=hook, timeout=CELL_TIMEOUT)
-    return Cell(reply["content"], time.monotonic() - began, texts)
+    return Cell(reply["content"], time.monotonic() - began, texts, shown)
 
 
 def value(kc, expression: str):
@@ -243,7 +252,8 @@ def test_fifteen_seconds_of_work_on_process_0_ends_normally(kernel):
     assert cell.reply["status"] == "ok", cell.text
     assert cell.took >= 15
     assert cell.text.strip().endswith("[processes 0-3]\nsaved")
-    assert "process 0 · running" in cell.text and "cell line 2" in cell.text  # where it was
+    assert any("process 0 · running" in text and "cell line 2" in text  # where it was, live
+               for _, text in cell.texts)
     assert engines(kc) == before
     assert run(kc, "%%spmd\nprint(kept)").text.strip() == "\n".join(
         f"[process {i}]\n{i * 10}" for i in range(4))
