@@ -27,8 +27,10 @@ WITH_NODE := '.[test,node]'
 # clusters start once per worker, in the order tests/conftest.py gives them (the longest
 # first; xdist would put the files with most tests first); pytest-randomly orders the tests
 # anew every run and prints its seed ("Using --randomly-seed=N"):
-# PYTEST_ARGS='-p randomly --randomly-seed=N' repeats one.
-WORKERS ?= 2
+# PYTEST_ARGS='-p randomly --randomly-seed=N' repeats one. Three workers on two cores: much of
+# the suite waits on its subject (a hang, a timeout, a process's end), and a third worker fills
+# that time (a fourth adds more contention than it fills).
+WORKERS ?= 3
 PARALLEL := -n $(WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 PYTEST := IPP_NONINTERACTIVE=1 $(PY) -m pytest $(PARALLEL)
 # What a change to the engine, the cells or the notebook glue most often breaks: the inner
@@ -98,10 +100,12 @@ setup-for-tests:
 test-quick: $(STAMP)
 	$(PYTEST) $(QUICK_TESTS)
 
-# the core suite on the oldest JAX allowed; the notebooks and the rest need the newest's API
+# the core suite on the oldest JAX allowed; the notebooks and the rest need the newest's API.
+# Its tests go to the workers one by one, not a file each: the hang rule's file, waiting on
+# hangs, would otherwise be the whole run (a cluster per worker costs less than the wait)
 test-oldest-jax: $(OLDEST_STAMP)
 	IPP_NONINTERACTIVE=1 $(OLDEST)/bin/python -m pytest -o addopts="-ra --strict-markers" \
-		$(PARALLEL) $(CORE_TESTS)
+		-n $(WORKERS) --dist load $(PYTEST_ARGS) $(CORE_TESTS)
 
 # The quick start, headless: prints what its cells show; fails if any cell failed.
 demo: $(STAMP)

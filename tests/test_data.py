@@ -71,8 +71,10 @@ def test_a_pull_without_room_in_dev_shm_goes_through_ipyparallel(ready, monkeypa
     assert transfer.shared_memory == set()
 
 
-def test_a_pull_runs_no_garbage_collection_per_reply(ready):
-    # replies without data hold nothing: collecting after each made pulls grow with processes
+@pytest.mark.parametrize("shared_memory", [True, False], ids=["dev-shm", "ipyparallel"])
+def test_a_pull_runs_no_garbage_collection_per_reply(ready, shared_memory):
+    # a reply without data holds nothing, and a small one little: collecting after each (a
+    # walk of the notebook's whole heap) made pulls grow with processes
     import gc
 
     full_collections = []
@@ -84,7 +86,7 @@ def test_a_pull_runs_no_garbage_collection_per_reply(ready):
     spmd(ready, "x = make((8,), ('d',), P('d'))")
     gc.callbacks.append(count)
     try:
-        data.pull(ready, "x", shared_memory=True)
+        data.pull(ready, "x", shared_memory=shared_memory)
     finally:
         gc.callbacks.remove(count)
     assert len(full_collections) <= 1

@@ -198,12 +198,14 @@ class Session:
         """Free the array replies handled so far once they add up to what may be on its way.
 
         ipyparallel's futures hold each reply in a reference cycle, which only the cycle
-        collector frees; without this a pull through ipyparallel would hold every piece.
+        collector frees; without this a pull through ipyparallel would hold every piece. A full
+        collection walks the notebook's whole heap: less than a piece's worth is left to
+        Python's own collections, or a small pull would run one per reply.
         """
         if not nbytes:
             return  # a reply without data holds nothing worth a collection
         self._uncollected += nbytes
-        if self._uncollected >= self._budget:
+        if self._uncollected >= max(self._budget, PIECE_BYTES):
             self._uncollected = 0
             gc.collect()
 
