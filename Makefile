@@ -58,9 +58,12 @@ $(STAMP): pyproject.toml jaxcluster/notebook/kernelspec.py
 	$(PY) -m jaxcluster install-kernel --sys-prefix
 	touch $@
 
+# --prefer-offline: the lockfile pins every package, so one already in npm's cache is taken
+# from it without asking the registry again (an empty cache fetches as before)
 $(NODE_MODULES): labextension/package.json labextension/package-lock.json $(NPM_FROM_VENV)
 	command -v npm >/dev/null || $(call install,$(VENV),-e $(WITH_NODE))
-	cd labextension && PATH=$(CURDIR)/$(VENV)/bin:$$PATH npm ci --no-audit --no-fund --loglevel=error
+	cd labextension && PATH=$(CURDIR)/$(VENV)/bin:$$PATH npm ci --no-audit --no-fund --loglevel=error \
+		--prefer-offline
 
 $(PANEL): $(STAMP) $(NODE_MODULES) $(PANEL_SOURCES)
 	cd labextension && PATH=$(CURDIR)/$(VENV)/bin:$$PATH npm run build
