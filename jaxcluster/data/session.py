@@ -181,7 +181,9 @@ class Session:
             for ar in done:
                 call = running.pop(ar)
                 try:
-                    reply = ar.get(0)
+                    # the Future's own result: ipyparallel marks an AsyncResult ready for get()
+                    # in a callback that runs after the Future's waiters have woken
+                    reply = ar.result()
                 except ipp.error.RemoteError as e:
                     errors.setdefault(call.process, engine_error_message(e))
                     continue
