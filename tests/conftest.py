@@ -224,12 +224,24 @@ def hosts_or_skip(layout: list[int], shared_tmp: bool = False) -> Iterator:
         pytest.skip(f"cannot make namespace hosts: {e}")
 
 
+def kernel_manager(kernel_name: str):
+    """jupyter_client's manager of a kernel that talks over Unix sockets: its TCP ports are
+    drawn by binding and letting go, so on a busy machine another process (a controller,
+    another kernel) may take one before the kernel binds it, and the kernel dies at start.
+    The sockets' names are the kernel's own: jupyter_client's default is one relative name."""
+    import uuid
+
+    from jupyter_client import KernelManager
+    from jupyter_core.paths import jupyter_runtime_dir
+
+    sockets = os.path.join(jupyter_runtime_dir(), f"kernel-{uuid.uuid4().hex}")
+    return KernelManager(kernel_name=kernel_name, transport="ipc", ip=sockets)
+
+
 @contextmanager
 def python_kernel(ready_timeout: float = 120) -> Iterator:
     """A real ipykernel (what a notebook talks to): (manager, client), always shut down."""
-    from jupyter_client import KernelManager
-
-    km = KernelManager(kernel_name="python3")
+    km = kernel_manager("python3")
     km.start_kernel(env={**os.environ, "IPP_NONINTERACTIVE": "1"})
     kc = km.client()
     kc.start_channels()

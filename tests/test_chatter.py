@@ -15,9 +15,9 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from jupyter_client.manager import start_new_kernel
 
 from jaxcluster.engine.chatter import PIECES, GlooFilter
+from tests.conftest import kernel_manager
 from tests.ports import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -204,7 +204,11 @@ def test_held_bytes_come_out_after_a_short_pause():
 def test_install_on_a_real_ipykernel_and_outside_one():
     # ipykernel captures fds 1 and 2 only outside pytest
     env = {k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"}
-    kernel, client = start_new_kernel(kernel_name="python3", env=env, cwd=str(ROOT))
+    kernel = kernel_manager("python3")
+    kernel.start_kernel(env=env, cwd=str(ROOT))
+    client = kernel.client()
+    client.start_channels()
+    client.wait_for_ready(timeout=60)
     try:
         code = textwrap.dedent("""
             import os, time
@@ -230,6 +234,7 @@ def test_install_on_a_real_ipykernel_and_outside_one():
                 break
         assert streams == {"stdout": "C-level 42\n", "stderr": XLA.decode()}
     finally:
+        client.stop_channels()
         start = time.monotonic()
         kernel.shutdown_kernel(now=False)  # ipykernel closes its capture through our pipes
     assert time.monotonic() - start < 4  # jupyter_client kills a kernel that takes 5 s

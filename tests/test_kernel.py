@@ -23,7 +23,13 @@ from jupyter_client import KernelManager
 from jaxcluster.__main__ import main as cli
 from jaxcluster.notebook import kernelspec
 from jaxcluster.notebook.kernel_cells import cell_kind, help_request, remote_code, spmd_lines
-from tests.conftest import cluster_processes, kill_leftovers, notebook_outputs, wait_until_gone
+from tests.conftest import (
+    cluster_processes,
+    kernel_manager,
+    kill_leftovers,
+    notebook_outputs,
+    wait_until_gone,
+)
 
 REPO = Path(__file__).resolve().parent.parent
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -249,7 +255,7 @@ def start_kernel(jupyter_path):
             "IPP_NONINTERACTIVE": "1",
             "JUPYTER_PATH": jupyter_path,
         }
-        km = KernelManager(kernel_name="jaxcluster")
+        km = kernel_manager("jaxcluster")
         km.start_kernel(env={**os.environ, **defaults, **env})
         kernel = Kernel(km)
         started.append(kernel)
