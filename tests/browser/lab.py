@@ -194,6 +194,9 @@ class JupyterLabServer:
             "--LabApp.extension_manager=readonly",
             f"--LabApp.user_settings_dir={h / 'settings'}",
             f"--LabApp.workspaces_dir={h / 'workspaces'}",
+            # kernels on Unix sockets: ports drawn for TCP may be taken by another process
+            # before the kernel binds them (``tests.conftest.kernel_manager``)
+            "--KernelManager.transport=ipc",
         ]
         if os.geteuid() == 0:
             cmd.append("--allow-root")  # CI containers run as root
