@@ -6,7 +6,7 @@ set -u
 
 # slurmctld, slurmd, munge: the Slurm tests run a one-node Slurm of their own, with its own
 # configuration and munge key; they never use these packages' system services.
-PACKAGES=(chromium openmpi-bin libopenmpi-dev openssh-server openssh-client iproute2
+PACKAGES=(chromium-headless-shell openmpi-bin libopenmpi-dev openssh-server openssh-client iproute2
     slurmctld slurmd slurm-client munge)
 
 log() { echo "install-system-deps: $*"; }
@@ -42,7 +42,7 @@ if ! apt-get update -qq >/dev/null 2>&1; then
 fi
 
 log "installing: ${missing[*]}"
-# --no-install-recommends keeps the image small; chromium runs headless anyway.
+# --no-install-recommends keeps the image small; the browser tests need no more.
 if ! apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null 2>&1; then
     log "apt-get install failed for: ${missing[*]} (affected tests will skip)"
     exit 0
