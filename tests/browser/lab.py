@@ -358,6 +358,7 @@ def save_screenshot(page, name: str) -> Path:
 # -- notebook driving -----------------------------------------------------
 
 _PROMPT_DONE = re.compile(r"^\[\d+\]:$")
+_PROMPT_STARTED = re.compile(r"\[(\*|\d+)\]")
 # The notebook tab on screen; restored or background tabs are hidden.
 _PANEL = ".jp-NotebookPanel:visible"
 
@@ -400,12 +401,31 @@ def wait_kernel_idle(page, timeout: float = 120) -> None:
     ).first.wait_for(state="attached", timeout=timeout * 1000)
 
 
-def run_all_cells(page) -> None:
-    """Run → Run All Cells via the menu bar (the same as a user would)."""
-    # Focus the notebook so the Run menu targets it.
-    page.locator(f"{_PANEL} .jp-Notebook").first.click(position={"x": 5, "y": 5})
-    page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(r"^Run$")).first.click()
-    page.get_by_role("menuitem", name=re.compile(r"^Run All Cells")).first.click()
+def run_all_cells(page, timeout: float = 60) -> None:
+    """Run → Run All Cells via the menu bar (the same as a user would), until a cell has
+    started: a menu item Lab shows disabled (the notebook not yet its current widget) does
+    nothing when clicked, so the user's next try is made, as a user would make it."""
+    prompts = page.locator(f"{_PANEL} .jp-CodeCell .jp-InputPrompt")
+    deadline = time.monotonic() + timeout
+    while True:
+        # Focus the notebook so the Run menu targets it.
+        page.locator(f"{_PANEL} .jp-Notebook").first.click(position={"x": 5, "y": 5})
+        page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(r"^Run$")).first.click()
+        item = page.get_by_role("menuitem", name=re.compile(r"^Run All Cells")).first
+        if item.get_attribute("aria-disabled") == "true":
+            page.keyboard.press("Escape")
+            time.sleep(0.5)
+        else:
+            item.click()
+            # Lab marks a queued cell [*] at once; the wait is for a loaded browser
+            shown = time.monotonic() + 15
+            while time.monotonic() < shown:
+                if any(_PROMPT_STARTED.search(t) for t in prompts.all_inner_texts()):
+                    return
+                time.sleep(0.25)
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"Run All Cells started no cell within {timeout}s; prompts="
+                               f"{[t.strip() for t in prompts.all_inner_texts()]}")
 
 
 def run_cell(page, index: int) -> None:
