@@ -228,14 +228,22 @@ def kernel_manager(kernel_name: str):
     """jupyter_client's manager of a kernel that talks over Unix sockets: its TCP ports are
     drawn by binding and letting go, so on a busy machine another process (a controller,
     another kernel) may take one before the kernel binds it, and the kernel dies at start.
-    The sockets' names are the kernel's own: jupyter_client's default is one relative name."""
+    The sockets' names are the kernel's own: jupyter_client's default is one relative name.
+    Its clients send every cell with ``stop_on_error=False``: ipykernel replies to a failed
+    cell before it starts turning away the requests queued behind it, so a cell sent at once
+    after the reply may come back 'aborted'. A person never sends that fast; the suite does."""
     import uuid
 
-    from jupyter_client import KernelManager
+    from jupyter_client import BlockingKernelClient, KernelManager
     from jupyter_core.paths import jupyter_runtime_dir
 
+    class QueueKeepingClient(BlockingKernelClient):
+        def execute(self, code: str, *args, **kwargs) -> str:
+            return super().execute(code, *args, **{**kwargs, "stop_on_error": False})
+
     sockets = os.path.join(jupyter_runtime_dir(), f"kernel-{uuid.uuid4().hex}")
-    return KernelManager(kernel_name=kernel_name, transport="ipc", ip=sockets)
+    return KernelManager(kernel_name=kernel_name, transport="ipc", ip=sockets,
+                         client_factory=QueueKeepingClient)
 
 
 @contextmanager

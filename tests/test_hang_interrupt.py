@@ -46,9 +46,7 @@ def run(kc, code: str, prelude: bool = False) -> tuple[dict, str]:
         elif msg["msg_type"] == "error":
             texts.append("\n".join(content["traceback"]))
 
-    # stop_on_error=False: ipykernel may abort a cell sent at once after a failed one's reply
-    reply = kc.execute_interactive(code, output_hook=hook, timeout=CELL_TIMEOUT,
-                                   stop_on_error=False)
+    reply = kc.execute_interactive(code, output_hook=hook, timeout=CELL_TIMEOUT)
     return reply["content"], "\n".join(texts)
 
 
@@ -59,8 +57,7 @@ def test_stop_button_interrupts_without_a_restart(kernel):
     _, before = run(kc, "print([p.pid for p in _jax_cluster_magics().cluster.processes])",
                     prelude=True)
     # the output, not the code: the kernel's execute_input carries the code at once
-    msg_id = kc.execute("%%spmd\nprint('sleep' + 'ing', flush=True)\ntime.sleep(1000)",
-                        stop_on_error=False)
+    msg_id = kc.execute("%%spmd\nprint('sleep' + 'ing', flush=True)\ntime.sleep(1000)")
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:  # interrupt once every process shows it runs the cell
         msg = kc.get_iopub_msg(timeout=60)

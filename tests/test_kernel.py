@@ -187,11 +187,7 @@ class Kernel:
         """The execute_reply's content and the cell's outputs as (type, text) pairs, as a
         notebook finally holds them (the live status replaced by what it became)."""
         messages: list[dict] = []
-        # ipykernel replies to a failed cell before it starts turning away the requests queued
-        # behind it: a cell sent at once after the reply may be 'aborted'. A person never sends
-        # that fast; the suite does, so its cells do not stop the queue
-        reply = self.kc.execute_interactive(code, output_hook=messages.append, timeout=timeout,
-                                            stop_on_error=False)
+        reply = self.kc.execute_interactive(code, output_hook=messages.append, timeout=timeout)
         outputs = [(kind, data.get("text/plain", "")) for kind, data in notebook_outputs(messages)]
         return reply["content"], outputs
 
@@ -385,8 +381,7 @@ def test_inspection_comes_from_process_0(kernel):
 
 @pytest.mark.cluster
 def test_interrupt_stops_a_long_cell_on_every_process(kernel):
-    msg_id = kernel.kc.execute("import time\nprint('sleeping', flush=True)\ntime.sleep(60)",
-                               stop_on_error=False)  # as Kernel.run says
+    msg_id = kernel.kc.execute("import time\nprint('sleeping', flush=True)\ntime.sleep(60)")
     # interrupt only once the processes run the cell: their output is streamed back
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:

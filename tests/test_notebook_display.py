@@ -37,8 +37,7 @@ def kernel(bare_kernel):
 def execute(kc, code, timeout=120):
     """Run ``code``; return [(seconds since sent, iopub message)] and the reply."""
     sent = time.monotonic()
-    # stop_on_error=False: ipykernel may abort a cell sent at once after a failed one's reply
-    msg_id = kc.execute(code, stop_on_error=False)
+    msg_id = kc.execute(code)
     messages = []
     deadline = sent + timeout
     while time.monotonic() < deadline:

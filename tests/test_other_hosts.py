@@ -85,9 +85,7 @@ def run(kc, code: str) -> Cell:
         if text:
             texts.append((time.monotonic() - began, text))
 
-    # stop_on_error=False: ipykernel may abort a cell sent at once after a failed one's reply
-    reply = kc.execute_interactive(code, output_hook=hook, timeout=CELL_TIMEOUT,
-                                   stop_on_error=False)
+    reply = kc.execute_interactive(code, output_hook=hook, timeout=CELL_TIMEOUT)
     return Cell(reply["content"], time.monotonic() - began, texts, shown)
 
 

@@ -57,10 +57,8 @@ def run(kc, code: str, answers: tuple[str, ...] = (), stdin: bool = True,
         else:
             threading.Timer(0.5, interrupt.interrupt_kernel).start()  # type: ignore[attr-defined]
 
-    # stop_on_error=False: ipykernel may abort a cell sent at once after a failed one's reply
     reply = kc.execute_interactive(code, output_hook=output, stdin_hook=asked,
-                                   allow_stdin=stdin, timeout=CELL_TIMEOUT,
-                                   stop_on_error=False)
+                                   allow_stdin=stdin, timeout=CELL_TIMEOUT)
     cell.reply = reply["content"]
     return cell
 
