@@ -50,6 +50,9 @@ QUICK_TESTS := tests/test_spmd.py tests/test_cluster.py tests/test_hang_rule.py 
 # configured for pip alone, say)
 install = { $(1)/bin/python -m pip install -q uv && { $(1)/bin/uv pip install -q \
 	--python $(1)/bin/python $(2) || $(1)/bin/python -m pip install -q $(2); }; }
+# $(call install_with_uv_of,VENV,OTHER,PACKAGES): the same into OTHER by VENV's uv
+install_with_uv_of = { $(1)/bin/uv pip install -q --python $(2)/bin/python $(3) \
+	|| $(2)/bin/python -m pip install -q $(3); }
 
 # the kernelspec names the kernel's module: a venv made before it moved installs it again
 $(STAMP): pyproject.toml jaxcluster/notebook/kernelspec.py
@@ -72,10 +75,13 @@ $(PANEL): $(STAMP) $(NODE_MODULES) $(PANEL_SOURCES)
 	ln -s $(CURDIR)/jaxcluster/labextension $(LABEXTENSIONS)/jaxcluster
 	touch $@
 
-$(OLDEST_STAMP): pyproject.toml
-	test -x $(OLDEST)/bin/python || $(PYTHON) -m venv $(OLDEST)
-	$(call install,$(OLDEST),-e . pytest pytest-timeout pytest-xdist pytest-randomly \
-		'jax==$(OLDEST_JAX)' 'jaxlib==$(OLDEST_JAX)')
+# made and filled by the main venv's uv where it has one (with pip in it, for pip's turn):
+# Python's own venv runs ensurepip, and pip would then install uv a second time
+$(OLDEST_STAMP): pyproject.toml $(STAMP)
+	test -x $(OLDEST)/bin/python || $(VENV)/bin/uv venv -q --seed --python $(PYTHON) $(OLDEST) \
+		|| $(PYTHON) -m venv $(OLDEST)
+	$(call install_with_uv_of,$(VENV),$(OLDEST),-e . pytest pytest-timeout pytest-xdist \
+		pytest-randomly 'jax==$(OLDEST_JAX)' 'jaxlib==$(OLDEST_JAX)')
 	touch $@
 
 system-deps:
