@@ -8,7 +8,7 @@ import re
 import pytest
 
 from tests.conftest import notebook_outputs, python_kernel
-from tests.test_notebook_display import execute
+from tests.test_notebook_display import START_SECONDS, execute
 
 pytestmark = pytest.mark.cluster
 
@@ -18,8 +18,9 @@ WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 @pytest.fixture(scope="module")
 def kernel():
     with python_kernel() as (_, kc):
-        _, reply = execute(kc, "%load_ext jaxcluster\n%jax_cluster start --nodes 2")
-        assert reply["content"]["status"] == "ok"
+        _, reply = execute(kc, "%load_ext jaxcluster\n%jax_cluster start --nodes 2",
+                           START_SECONDS)
+        assert reply["content"]["status"] == "ok", reply["content"]
         try:
             yield kc
         finally:

@@ -25,12 +25,17 @@ def bare_kernel():
         yield kc
 
 
+# longer than a start may take (its --timeout, 120 s by default): a start that fails says why
+START_SECONDS = 150
+
+
 @pytest.fixture
 def kernel(bare_kernel):
     """The module's kernel with a cluster of 2 processes, started unless one runs."""
-    _, reply = execute(bare_kernel, RUNNING + "if not _running:\n    get_ipython()."
-                                              "run_line_magic('jax_cluster', 'start --nodes 2')")
-    assert reply["content"]["status"] == "ok"
+    messages, reply = execute(
+        bare_kernel, RUNNING + "if not _running:\n    get_ipython()."
+                               "run_line_magic('jax_cluster', 'start --nodes 2')", START_SECONDS)
+    assert reply["content"]["status"] == "ok", (reply["content"], final_texts(messages))
     return bare_kernel
 
 
@@ -69,8 +74,8 @@ def final_texts(messages):
 def test_start_shows_a_progress_widget_then_the_summary(bare_kernel):
     execute(bare_kernel, RUNNING + "if _running:\n"
                                 "    get_ipython().run_line_magic('jax_cluster', 'stop')")
-    messages, reply = execute(bare_kernel, "%jax_cluster start --nodes 2")
-    assert reply["content"]["status"] == "ok"
+    messages, reply = execute(bare_kernel, "%jax_cluster start --nodes 2", START_SECONDS)
+    assert reply["content"]["status"] == "ok", (reply["content"], final_texts(messages))
     widget_views = [m for _, m in messages if m["msg_type"] == "display_data"
                     and "application/vnd.jupyter.widget-view+json" in m["content"]["data"]]
     assert len(widget_views) == 1

@@ -17,7 +17,7 @@ from tests.conftest import python_kernel
 
 pytestmark = pytest.mark.cluster
 
-CELL_TIMEOUT = 120
+CELL_TIMEOUT = 150  # longer than a start may take (120 s): a start that fails says why
 ANSI = re.compile(r"\x1b\[[0-9;]*m")  # tracebacks' colours
 
 
