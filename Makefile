@@ -48,9 +48,8 @@ QUICK_TESTS := tests/test_spmd.py tests/test_cluster.py tests/test_hang_rule.py 
 # $(call install,VENV,PACKAGES): uv (put in the venv by pip) installs what pip would, from the
 # same registry, in a fraction of pip's time; pip installs them where uv cannot (an index
 # configured for pip alone, say)
-install = { $(1)/bin/python -m pip install -q uv && { $(1)/bin/uv pip install -q \
-	--python $(1)/bin/python $(2) || $(1)/bin/python -m pip install -q $(2); }; }
-# $(call install_with_uv_of,VENV,OTHER,PACKAGES): the same into OTHER by VENV's uv
+# $(call install_with_uv_of,VENV,OTHER,PACKAGES): the same into OTHER, by VENV's uv
+install = { $(1)/bin/python -m pip install -q uv && $(call install_with_uv_of,$(1),$(1),$(2)); }
 install_with_uv_of = { $(1)/bin/uv pip install -q --python $(2)/bin/python $(3) \
 	|| $(2)/bin/python -m pip install -q $(3); }
 

@@ -8,6 +8,7 @@ import time
 
 import pytest
 
+from jaxcluster.cluster.options import ClusterOptions
 from tests.conftest import notebook_outputs, python_kernel
 
 pytestmark = pytest.mark.cluster
@@ -25,8 +26,8 @@ def bare_kernel():
         yield kc
 
 
-# longer than a start may take (its --timeout, 120 s by default): a start that fails says why
-START_SECONDS = 150
+# longer than a start may take (its --timeout's default): a start that fails says why
+START_SECONDS = ClusterOptions.checked(nodes=2).timeout + 30
 
 
 @pytest.fixture

@@ -14,10 +14,11 @@ from dataclasses import dataclass, field
 import pytest
 
 from tests.conftest import python_kernel
+from tests.test_notebook_display import START_SECONDS
 
 pytestmark = pytest.mark.cluster
 
-CELL_TIMEOUT = 150  # longer than a start may take (120 s): a start that fails says why
+CELL_TIMEOUT = START_SECONDS  # the first cell starts a cluster
 ANSI = re.compile(r"\x1b\[[0-9;]*m")  # tracebacks' colours
 
 
