@@ -23,8 +23,8 @@ PANEL_SOURCES := labextension/package.json labextension/package-lock.json \
 LABEXTENSIONS := $(VENV)/share/jupyter/labextensions
 WITH_NODE := '.[test,node]'
 
-# The suite on several workers (pytest-xdist), each given whole files, so a file's shared
-# clusters start once per worker, in the order tests/conftest.py gives them (the longest
+# The suite on several workers (pytest-xdist), each given whole files (the browser tests' files
+# together: tests/conftest.py), so a file's shared clusters start once, in the order tests/conftest.py gives them (the longest
 # first; xdist would put the files with most tests first); pytest-randomly orders the tests
 # anew every run and prints its seed ("Using --randomly-seed=N"):
 # PYTEST_ARGS='-p randomly --randomly-seed=N' repeats one. Three workers on two cores: much of

@@ -44,6 +44,26 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=lambda item: rank.get(item.nodeid.partition("::")[0], len(rank)))
 
 
+BROWSER_FILES = "tests/browser/"
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """Under ``--dist loadfile``, the browser tests' files go to one worker, as one unit: each
+    worker that runs one starts a JupyterLab and a Chromium of its own (session fixtures),
+    which cost more than most of those files' own work."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class BrowserFilesTogether(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            if nodeid.startswith(BROWSER_FILES):
+                return BROWSER_FILES
+            return super()._split_scope(nodeid)
+
+    return BrowserFilesTogether(config, log)
+
+
 @pytest.fixture(autouse=True)
 def sigint_as_python_has_it(request) -> Iterator[None]:
     """Every test runs with Python's own SIGINT handler, as a notebook's cell does: the stop
@@ -155,10 +175,12 @@ def _pids(cluster) -> list[int]:
     return [p.pid for p in cluster.processes]
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def shared_cluster():
-    """A real 4 processes × 2 CPU devices cluster shared by the tests of a session (one per
-    pytest-xdist worker), handed to each by ``cluster``."""
+    """A real 4 processes × 2 CPU devices cluster shared by the tests of a module, handed to
+    each by ``cluster``. Not one per session: an idle cluster costs CPU (its controller's
+    heartbeat, JAX's collectives' polling threads), more over a whole run than a start per
+    module does."""
     from jaxcluster import JaxCluster
 
     c = JaxCluster(nodes=4, devices_per_node=2, platform="cpu")
