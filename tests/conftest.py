@@ -181,9 +181,14 @@ def shared_cluster():
     each by ``cluster``. Not one per session: an idle cluster costs CPU (its controller's
     heartbeat, JAX's collectives' polling threads), more over a whole run than a start per
     module does."""
+    yield from started(nodes=4, devices_per_node=2)
+
+
+def started(**options) -> Iterator:
+    """A local CPU cluster started with ``options``, for a fixture to yield; stopped after."""
     from jaxcluster import JaxCluster
 
-    c = JaxCluster(nodes=4, devices_per_node=2, platform="cpu")
+    c = JaxCluster(**{"platform": "cpu", **options})
     c.start()
     with stopped_at_the_end(c):
         yield c
@@ -287,10 +292,11 @@ SPMD_START = "start --nodes 4 --devices-per-node 2"
 
 
 @pytest.fixture(scope="module")
-def spmd_shell():
-    """The headless IPython shell with a 4 × 2 cluster started by ``%jax_cluster``, for one
-    module; each test takes it through ``fresh_shell(spmd_shell, SPMD_START, *setup)``."""
-    with magics_shell(SPMD_START) as shell:
+def spmd_shell(request):
+    """The headless IPython shell with a cluster started by ``%jax_cluster``, for one module:
+    by the module's own ``SPMD_START`` where it has one, else by this 4 × 2 one; each test
+    takes it through ``fresh_shell(spmd_shell, SPMD_START, *setup)``."""
+    with magics_shell(getattr(request.module, "SPMD_START", SPMD_START)) as shell:
         yield shell
 
 

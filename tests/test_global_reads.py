@@ -1,7 +1,9 @@
 """Any process reads any global array's numbers, point to point, without a collective (issue 30):
-the patterns of JAX's sharding and shard_map tutorials on 4 processes x 2 CPU devices, on a
-mesh over the first 4 devices (held by processes 0 and 1) and over all 8, every process and
-process 0 alone reading; each cell's output is a one-process run's with 8 CPU devices."""
+the patterns of JAX's sharding and shard_map tutorials on 2 processes x 4 CPU devices, on a
+mesh over the first 4 devices (process 0's) and over all 8, every process and process 0 alone
+reading; each cell's output is a one-process run's with 8 CPU devices. (Two processes: each
+pays for every compile. ``tests/test_reads_hosts.py`` reads the same arrays on 2 hosts × 2
+processes, four owners to read from.)"""
 
 from __future__ import annotations
 
@@ -16,15 +18,17 @@ import time
 
 import pytest
 
-from .conftest import SPMD_START, failing_spmd, fresh_shell, run_spmd
+from .conftest import failing_spmd, fresh_shell, run_spmd
 
 pytestmark = pytest.mark.cluster
+
+SPMD_START = "start --nodes 2 --devices-per-node 4"  # the module's cluster (tests.conftest)
 
 SETUP = """
 from functools import partial
 import jax, jax.numpy as jnp, numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
-mesh4 = Mesh(np.array(jax.devices()[:4]).reshape(2, 2), ('x', 'y'))  # processes 0 and 1
+mesh4 = Mesh(np.array(jax.devices()[:4]).reshape(2, 2), ('x', 'y'))  # the first process's
 mesh8 = Mesh(np.array(jax.devices()).reshape(4, 2), ('x', 'y'))
 """
 
@@ -157,7 +161,7 @@ def shell(spmd_shell):
 def test_every_process_reads_what_one_process_would(shell, expected, cell):
     text, _ = run_spmd(shell, cell)
     assert expected[cell].strip()
-    assert text.strip() == f"[processes 0-3]\n{expected[cell].strip()}"
+    assert text.strip() == f"[processes 0-1]\n{expected[cell].strip()}"
 
 
 @pytest.mark.parametrize("cell", [READ_MATMUL, READ_SHARDED, READ_STATE],
@@ -170,21 +174,26 @@ def test_process_0_alone_reads_what_one_process_would(shell, expected, cell):
 
 def test_temporaries_are_read_before_their_owners_drop_them(shell, expected):
     text, _ = run_spmd(shell, TEMPORARIES)
-    assert text.strip() == f"[processes 0-3]\n{expected[TEMPORARIES].strip()}"
+    assert text.strip() == f"[processes 0-1]\n{expected[TEMPORARIES].strip()}"
 
 
 def test_arrays_move_between_device_sets_both_ways(shell, expected):
     text, _ = run_spmd(shell, MOVE)
-    assert text.strip() == f"[processes 0-3]\n{expected[MOVE].strip()}"
-    assert_moved_shards_are_each_processs_own(shell)
+    assert text.strip() == f"[processes 0-1]\n{expected[MOVE].strip()}"
+    assert_moved_shards_are_each_processs_own(shell, processes=2)
 
 
-def assert_moved_shards_are_each_processs_own(shell) -> None:
-    """Each process holds its own shards of the moved ``x8``, with the right numbers."""
+def assert_moved_shards_are_each_processs_own(shell, processes: int) -> None:
+    """Each of ``processes`` holds its own shards of the moved ``x8``, with the right numbers:
+    device d, at (d // 2, d % 2) of the 4 × 2 mesh, holds the 2 × 2 block whose first number
+    is at row 2 (d // 2), column 2 (d % 2)."""
     text, _ = run_spmd(shell, "print(sorted((s.index[0].start or 0, float(s.data[0, 0])) "
                               "for s in x8.addressable_shards))")
-    held = per_process(text)
-    assert held == {p: str([(2 * p, float(8 * p)), (2 * p, float(8 * p + 2))]) for p in range(4)}
+    each = 8 // processes
+    assert per_process(text) == {
+        p: str(sorted((2 * (d // 2), float(8 * (d // 2) + 2 * (d % 2)))
+                      for d in range(p * each, (p + 1) * each)))
+        for p in range(processes)}
 
 
 def test_one_element_is_read_alone(shell, expected):
@@ -203,30 +212,30 @@ def test_the_same_machines_shared_memory_path_reads_what_tcp_reads(shell, expect
     """Owners on the reader's machine write into its shared memory; over TCP, the general
     way between hosts, every cell reads the same."""
     text, _ = run_spmd(shell, "from jaxcluster.engine import shards\n"
-                              "print([shards.on_this_machine(p) for p in range(4)])")
-    assert text.strip() == "[processes 0-3]\n[True, True, True, True]"
+                              "print([shards.on_this_machine(p) for p in range(2)])")
+    assert text.strip() == "[processes 0-1]\n[True, True]"
     run_spmd(shell, "shards._state['shared_memory'] = False")
     try:
         for cell in (READ_MATMUL, on_process_0(READ_STATE), MOVE):
             text, _ = run_spmd(shell, cell)
-            label = "[process 0]" if cell.startswith("if") else "[processes 0-3]"
+            label = "[process 0]" if cell.startswith("if") else "[processes 0-1]"
             assert text.strip() == f"{label}\n{expected[cell].strip()}"
     finally:
         run_spmd(shell, "shards._state['shared_memory'] = True")
 
 
 def test_an_array_deleted_on_its_owner_is_said(shell):
-    # deleted in a cell of its own: in the reading cell, a read could reach process 3 first
+    # deleted in a cell of its own: in the reading cell, a read could reach process 1 first
     run_spmd(shell, "gone = jax.device_put(jnp.arange(8.), NamedSharding(mesh8, P(('x', 'y'))))\n"
-                    "if jax.process_index() == 3:\n    gone.delete()\n")
+                    "if jax.process_index() == 1:\n    gone.delete()\n")
     _, report, _ = failing_spmd(shell, "np.asarray(gone)")
-    assert "Process 3 no longer holds its part of this jax.Array (shape (8,), float32)" in report
-    assert "[processes 0-2]" in report
+    assert "Process 1 no longer holds its part of this jax.Array (shape (8,), float32)" in report
+    assert "[process 0]" in report
 
 
 def test_the_owner_killed_mid_read_is_said_within_5_s(shell):
     text, _ = run_spmd(shell, "import os; print(os.getpid())")
-    pid = int(per_process(text)[2])
+    pid = int(per_process(text)[1])
     code = ("import time\nhuge = jax.device_put(jnp.zeros((512, 512)), "
             "NamedSharding(mesh8, P('x', 'y')))\n"
             "if jax.process_index() == 0:\n"
@@ -241,7 +250,7 @@ def test_the_owner_killed_mid_read_is_said_within_5_s(shell):
         shown, report, _ = failing_spmd(shell, code)
     finally:
         timer.cancel()
-    said = re.search(r"(\d+\.\d+) Process 2 holds part of this jax.Array \(shape \(512, 512\)"
+    said = re.search(r"(\d+\.\d+) Process 1 holds part of this jax.Array \(shape \(512, 512\)"
                      r", float32\), but could not be read from: ([^.]+)\.", shown + report)
     assert said, shown + report
     assert float(said[1]) - killed[0] < 5.0

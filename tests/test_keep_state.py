@@ -10,7 +10,7 @@ import signal
 import pytest
 
 from jaxcluster.render.cell import failure_lines
-from tests.conftest import fresh, stopped_at_the_end
+from tests.conftest import fresh, started
 
 MAKE = """\
 import jax, jax.numpy as jnp, numpy as np, optax
@@ -60,12 +60,7 @@ def shared_cluster():
     """2 processes × 4 CPU devices: what a restart carries does not depend on how many
     processes there are, and every process pays for the cells' JAX work (4 × 2 took twice the
     CPU); the meshes of 8 devices are the same."""
-    from jaxcluster import JaxCluster
-
-    c = JaxCluster(nodes=2, devices_per_node=4, platform="cpu", timeout=60)
-    c.start()
-    with stopped_at_the_end(c):
-        yield c
+    yield from started(nodes=2, devices_per_node=4, timeout=60)
 
 
 @pytest.fixture

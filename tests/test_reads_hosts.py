@@ -2,7 +2,7 @@
 when the processes that hold them run on another host.
 
 2 honest hosts (``tests/netns_hosts.py``: an address, a name, pids, /tmp and /dev/shm of their
-own) × 2 processes × 2 CPU devices, started over ssh: the 8 devices of the local test's 4 × 2.
+own) × 2 processes × 2 CPU devices, started over ssh: the 8 devices of the local test's 2 × 4.
 The cells are ``tests/test_global_reads.py``'s (JAX's sharding and shard_map tutorials, on a
 mesh over the first 4 devices, which the first host's processes hold, and over all 8), read on
 every process and on process 0 alone; each output is a one-process run's with 8 CPU devices.
@@ -144,7 +144,7 @@ def test_arrays_move_between_device_sets_across_hosts(shell, expected):
     their shards of the 8-device arrays from numbers read on the first."""
     text, _ = run_spmd(shell, MOVE)
     assert text.strip() == f"[processes 0-3]\n{expected[MOVE].strip()}"
-    assert_moved_shards_are_each_processs_own(shell)
+    assert_moved_shards_are_each_processs_own(shell, processes=4)
 
 
 def test_one_element_is_read_alone(shell, expected):
