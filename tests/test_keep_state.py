@@ -10,7 +10,7 @@ import signal
 import pytest
 
 from jaxcluster.render.cell import failure_lines
-from tests.conftest import fresh, started
+from tests.conftest import started
 
 MAKE = """\
 import jax, jax.numpy as jnp, numpy as np, optax
@@ -61,11 +61,6 @@ def shared_cluster():
     processes there are, and every process pays for the cells' JAX work (4 × 2 took twice the
     CPU); the meshes of 8 devices are the same."""
     yield from started(nodes=2, devices_per_node=4, timeout=60)
-
-
-@pytest.fixture
-def cluster(shared_cluster):
-    return fresh(shared_cluster)
 
 
 def made(cluster) -> str:

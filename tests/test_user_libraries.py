@@ -2,8 +2,8 @@
 sharded as Flax's guide shards it, trained with optax (the same losses as one process with 8
 devices), an Orbax checkpoint of a sharded array saved and restored by every process, and a
 tqdm loop shown by process 0 only (``disable=jax.process_index() != 0``), on 2 processes × 4
-CPU devices: the meshes span both, and each process pays for every compile, so 4 × 2 would
-check the same at nearly twice the CPU. (tqdm.auto's widget bar is tested in a real kernel:
+CPU devices: the meshes span both, and each process pays for every compile (4 × 2 took 1.5
+times the CPU). (tqdm.auto's widget bar is tested in a real kernel:
 ``tests/browser/test_live_progress.py``.) (A loop that also reduces the array at every step, 50
 times, deadlocks in JAX's CPU collectives, in plain processes as here: the loss is taken after
 the loop.)"""
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.conftest import fresh, started
+from tests.conftest import started
 from tests.test_global_reads import one_process_outputs
 
 pytest.importorskip("orbax.checkpoint")
@@ -20,12 +20,8 @@ pytest.importorskip("orbax.checkpoint")
 
 @pytest.fixture(scope="module")
 def shared_cluster():
+    """The conftest's ``cluster`` takes this 2 × 4 cluster for this module's tests."""
     yield from started(nodes=2, devices_per_node=4)
-
-
-@pytest.fixture
-def cluster(shared_cluster):
-    return fresh(shared_cluster)
 
 
 # Flax's GSPMD guide, in short: parameters annotated with their partitioning, the model made
