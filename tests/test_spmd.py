@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import re
 import signal
+import subprocess
+import sys
 import threading
 import time
 
@@ -315,6 +317,40 @@ def test_jax_records_the_cells_frames_alone_as_in_a_plain_process(ip):
     assert text.strip() == "[processes 0-3]\nTrue"
     text, _ = spmd(ip, "print(recorded())")
     assert text.strip() == short
+
+
+# A press whose cell ends before its signal is taken (an awaiting cell is cancelled, not
+# interrupted in its code) while the next cell starts at once: the engine's own functions, in a
+# process of their own, which the press's thread signals
+PRESS_THEN_NEXT_CELL = """
+import signal, sys, threading, time
+from jaxcluster.engine import sigint
+sent = []
+signal_main_thread = sigint._signal_main_thread
+def counted():
+    sent.append(sigint._state["cell"])
+    signal_main_thread()
+sigint._signal_main_thread = counted
+sigint.cell_started()
+taken = threading.Event()
+signal.signal(signal.SIGINT, lambda *_: taken.set())  # as an awaiting cell's task is cancelled
+sigint.press()
+while not taken.is_set():
+    time.sleep(0.001)  # Python code: the handler runs in between
+sigint.cell_ended()
+sigint.cell_started()
+signal.signal(signal.SIGINT, lambda *_: None)
+for thread in threading.enumerate():
+    if thread.name == "jaxcluster-sigint":
+        thread.join()
+print(sorted(set(sent)))
+"""
+
+
+def test_a_press_never_signals_the_cell_after_the_one_it_was_for():
+    done = subprocess.run([sys.executable, "-c", PRESS_THEN_NEXT_CELL], capture_output=True,
+                          text=True, timeout=60, check=True)
+    assert done.stdout.strip() == "[1]", done.stdout + done.stderr
 
 
 def test_an_interrupt_cancels_a_cell_that_awaits_and_keeps_the_state(ip, cluster):

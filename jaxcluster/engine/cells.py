@@ -148,7 +148,8 @@ def _awaiting(shell: Any, code: str, transformed: str, end: Any) -> asyncio.Futu
     loop = asyncio.get_running_loop()
     task = loop.create_task(shell.run_cell_async(
         code, store_history=True, silent=False, transformed_cell=transformed))
-    signal.signal(signal.SIGINT, lambda *_: loop.call_soon_threadsafe(task.cancel))
+    signal.signal(signal.SIGINT,
+                  sigint.cancelling(lambda: loop.call_soon_threadsafe(task.cancel)))
     answer: asyncio.Future[bool] = loop.create_future()
 
     def finish(_: object) -> None:

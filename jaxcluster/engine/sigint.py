@@ -22,6 +22,7 @@ import signal
 import threading
 import time
 import types
+from collections.abc import Callable
 from typing import Any
 
 from . import ipython_internals, jax_internals
@@ -32,14 +33,17 @@ RESEND_FOR = 2.0  # seconds a press waits for the code (the notebook calls it st
 SETTLE = 0.5  # seconds after a press during which a late signal of it is ignored
 OURS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the jaxcluster package
 
-# running: a cell runs; press: the number of the press under way (0: none); delivered: its
-# KeyboardInterrupt was raised; handled: Python saw the last signal
-_state: dict[str, Any] = {"running": False, "press": 0, "delivered": False, "handled": True}
+# running: a cell runs; cell: the number of the latest cell started; press: the number of the
+# press under way (0: none) and pressed: the cell it is for; delivered: its KeyboardInterrupt
+# was raised (or its awaiting cell cancelled); handled: Python saw the last signal
+_state: dict[str, Any] = {"running": False, "cell": 0, "press": 0, "pressed": 0,
+                          "delivered": False, "handled": True}
 _presses = itertools.count(1)
 
 
 def cell_started() -> None:
     """Take SIGINT for the cell that starts (main thread)."""
+    _state["cell"] += 1
     _state["running"] = True
     signal.signal(signal.SIGINT, handler)
 
@@ -51,7 +55,7 @@ def cell_ended() -> None:
 def press() -> None:
     """Interrupt the running cell's code (from any thread)."""
     number = next(_presses)
-    _state.update(press=number, delivered=False)
+    _state.update(press=number, pressed=_state["cell"], delivered=False)
     threading.Thread(target=_signal_until_delivered, args=(number,), name="jaxcluster-sigint",
                      daemon=True).start()
 
@@ -60,11 +64,32 @@ def handler(signum: int, frame: Any) -> None:
     """SIGINT while a cell runs: ``KeyboardInterrupt`` where the cell's code runs, once a
     press; elsewhere it is left to the next signal."""
     _state["handled"] = True
-    if _state["delivered"] or not in_code(frame):
+    if _state["delivered"] or not in_code(frame) or _for_an_earlier_cell():
         return
     if _state["press"]:
         _state["delivered"] = True
     raise keyboard_interrupt()
+
+
+def cancelling(cancel: Callable[[], object]) -> Callable[[int, Any], None]:
+    """The SIGINT handler of an awaiting cell (a task on the event loop, which ``cancel``
+    cancels): a press is delivered once it is cancelled."""
+
+    def cancelling_handler(signum: int, frame: Any) -> None:
+        _state["handled"] = True
+        if _for_an_earlier_cell():
+            return
+        if _state["press"]:
+            _state["delivered"] = True
+        cancel()
+
+    return cancelling_handler
+
+
+def _for_an_earlier_cell() -> bool:
+    """Whether the press under way was for a cell that has ended since: its last signals
+    must not reach the next cell, which may start before they arrive."""
+    return bool(_state["press"]) and _state["pressed"] != _state["cell"]
 
 
 def keyboard_interrupt() -> KeyboardInterrupt:
@@ -94,8 +119,9 @@ def _traceback(interrupt: KeyboardInterrupt) -> list[str]:
 def _signal_until_delivered(number: int) -> None:
     deadline = time.monotonic() + RESEND_FOR
     sent = 0.0
+    cell = _state["pressed"]
     while _state["press"] == number and not _state["delivered"] and _state["running"] \
-            and time.monotonic() < deadline:
+            and _state["cell"] == cell and time.monotonic() < deadline:
         now = time.monotonic()
         if _state["handled"] or now - sent >= LOST_AFTER:
             _state["handled"] = False
