@@ -97,10 +97,15 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
 
-# the set-up's independent steps at once (two venvs' installs, the panel's build, the checks)
+# the set-up's independent steps at once (two venvs' installs, the panel's build, the checks);
+# then the core suite on the oldest JAX beside the whole suite, in one process of its own: it
+# mostly waits on hangs, which the whole suite's workers fill. Its report, kept in
+# $(OLDEST_LOG) meanwhile, follows the whole suite's; make test fails if either failed.
 test: setup-for-tests
-	$(PYTEST)
-	$(MAKE) --no-print-directory test-oldest-jax
+	mkdir -p $(dir $(OLDEST_LOG))
+	$(MAKE) --no-print-directory test-oldest-jax OLDEST_WORKERS=0 > $(OLDEST_LOG) 2>&1 & \
+		beside=$$!; $(PYTEST); whole=$$?; wait $$beside; oldest=$$?; \
+		cat $(OLDEST_LOG); exit $$(( whole || oldest ))
 
 setup-for-tests:
 	$(MAKE) --no-print-directory -j4 $(PANEL) $(OLDEST_STAMP) system-deps lint
@@ -109,11 +114,13 @@ test-quick: $(STAMP)
 	$(PYTEST) $(QUICK_TESTS)
 
 # the core suite on the oldest JAX allowed; the notebooks and the rest need the newest's API.
-# Its tests go to the workers one by one, not a file each: the hang rule's file, waiting on
-# hangs, would otherwise be the whole run (a cluster per worker costs less than the wait)
+# Alone, its tests go to the workers one by one, not a file each: the hang rule's file, waiting
+# on hangs, would otherwise be the whole run (a cluster per worker costs less than the wait)
+OLDEST_WORKERS ?= $(WORKERS)
+OLDEST_LOG := test-artifacts/oldest-jax.log
 test-oldest-jax: $(OLDEST_STAMP)
 	IPP_NONINTERACTIVE=1 $(OLDEST)/bin/python -m pytest -o addopts="-ra --strict-markers" \
-		-n $(WORKERS) --dist load $(PYTEST_ARGS) $(CORE_TESTS)
+		-n $(OLDEST_WORKERS) --dist load $(PYTEST_ARGS) $(CORE_TESTS)
 
 # The quick start, headless: prints what its cells show; fails if any cell failed.
 demo: $(STAMP)
