@@ -23,6 +23,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import quote
 
+from tests.browser import shield
 from tests.ports import free_port
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -302,19 +303,23 @@ def _is_running(p) -> bool:
 def chromium(playwright) -> Iterator:
     """Launch Debian's headless Chromium; yield the browser. Each page comes in a context of
     its own (``chromium_page``), as empty as a new profile."""
-    # Playwright's launch() gives every browser a new, empty temp profile
-    # (it refuses --user-data-dir) and removes it on close.
-    browser = playwright.chromium.launch(
-        executable_path=CHROMIUM,
-        headless=True,
-        args=CHROMIUM_ARGS,
-        timeout=60_000,
-    )
-    try:
-        yield browser
-    finally:
-        with contextlib.suppress(Exception):
-            browser.close()
+    with contextlib.ExitStack() as stack:
+        executable, proxied = CHROMIUM, []
+        if shield.available():  # see shield.py: the rigs' interfaces come and go meanwhile
+            executable, proxied = stack.enter_context(shield.shielded(CHROMIUM))
+        # Playwright's launch() gives every browser a new, empty temp profile
+        # (it refuses --user-data-dir) and removes it on close.
+        browser = playwright.chromium.launch(
+            executable_path=executable,
+            headless=True,
+            args=CHROMIUM_ARGS + proxied,
+            timeout=60_000,
+        )
+        try:
+            yield browser
+        finally:
+            with contextlib.suppress(Exception):
+                browser.close()
 
 
 @contextlib.contextmanager

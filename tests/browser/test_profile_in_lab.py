@@ -25,6 +25,8 @@ CELLS = [
     "%jax_cluster stop",
 ]
 PANEL = ".jp-NotebookPanel:visible"
+# a refused connection, as the browser tells it directly or through the shield's proxy
+REFUSED = re.compile(r"ERR_CONNECTION_REFUSED|ERR_SOCKS_CONNECTION_FAILED")
 LOCAL = re.compile(r"^(https?|wss?)://(127\.0\.0\.1|localhost)[:/]|^(data|blob|about):")
 
 
@@ -75,6 +77,6 @@ def opened(page, href: str, within: float = 60.0) -> None:
             page.goto(href)
             return
         except Error as e:
-            if "ERR_CONNECTION_REFUSED" not in str(e) or time.monotonic() > deadline:
+            if not REFUSED.search(str(e)) or time.monotonic() > deadline:
                 raise
             page.wait_for_timeout(500)
