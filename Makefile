@@ -103,7 +103,7 @@ lint: $(STAMP)
 # $(OLDEST_LOG) meanwhile, follows the whole suite's; make test fails if either failed.
 test: setup-for-tests
 	mkdir -p $(dir $(OLDEST_LOG))
-	$(MAKE) --no-print-directory test-oldest-jax OLDEST_WORKERS=0 > $(OLDEST_LOG) 2>&1 & \
+	$(OLDEST_PYTEST) -n 0 > $(OLDEST_LOG) 2>&1 & \
 		beside=$$!; $(PYTEST); whole=$$?; wait $$beside; oldest=$$?; \
 		cat $(OLDEST_LOG); exit $$(( whole || oldest ))
 
@@ -116,11 +116,11 @@ test-quick: $(STAMP)
 # the core suite on the oldest JAX allowed; the notebooks and the rest need the newest's API.
 # Alone, its tests go to the workers one by one, not a file each: the hang rule's file, waiting
 # on hangs, would otherwise be the whole run (a cluster per worker costs less than the wait)
-OLDEST_WORKERS ?= $(WORKERS)
+OLDEST_PYTEST = IPP_NONINTERACTIVE=1 $(OLDEST)/bin/python -m pytest \
+	-o addopts="-ra --strict-markers" $(PYTEST_ARGS) $(CORE_TESTS)
 OLDEST_LOG := test-artifacts/oldest-jax.log
 test-oldest-jax: $(OLDEST_STAMP)
-	IPP_NONINTERACTIVE=1 $(OLDEST)/bin/python -m pytest -o addopts="-ra --strict-markers" \
-		-n $(OLDEST_WORKERS) --dist load $(PYTEST_ARGS) $(CORE_TESTS)
+	$(OLDEST_PYTEST) -n $(WORKERS) --dist load
 
 # The quick start, headless: prints what its cells show; fails if any cell failed.
 demo: $(STAMP)
