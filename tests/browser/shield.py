@@ -40,10 +40,10 @@ def shielded(chromium: str) -> Iterator[tuple[str, list[str]]]:
     try:
         subprocess.run(["ip", "-n", name, "link", "set", "lo", "up"], check=True,
                        capture_output=True)
-        listener = _listening_in(name)
-        threading.Thread(target=_serve, args=(listener,), name="browser-socks",
-                         daemon=True).start()
-        with tempfile.TemporaryDirectory(prefix="jaxcluster-browser-") as folder:
+        with _listening_in(name) as listener, \
+                tempfile.TemporaryDirectory(prefix="jaxcluster-browser-") as folder:
+            threading.Thread(target=_serve, args=(listener,), name="browser-socks",
+                             daemon=True).start()
             runner = os.path.join(folder, "chromium-in-namespace")
             with open(runner, "w") as f:
                 f.write(f"#!/bin/sh\nexec ip netns exec {name} {chromium} \"$@\"\n")
@@ -51,7 +51,6 @@ def shielded(chromium: str) -> Iterator[tuple[str, list[str]]]:
             port = listener.getsockname()[1]
             yield runner, [f"--proxy-server=socks5://127.0.0.1:{port}",
                            "--proxy-bypass-list=<-loopback>"]
-        listener.close()
     finally:
         subprocess.run(["ip", "netns", "del", name], capture_output=True)
 
