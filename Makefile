@@ -47,14 +47,14 @@ QUICK_TESTS := tests/test_spmd.py tests/test_cluster.py tests/test_hang_rule.py 
 
 # $(call install,VENV,PACKAGES): uv (put in the venv by pip) installs what pip would, from the
 # same registry, in a fraction of pip's time; pip installs them where uv cannot (an index
-# configured for pip alone, say)
+# configured for pip alone, say); uv leaves out what scripts/left-out.txt names (pip cannot)
 # $(call install_with_uv_of,VENV,OTHER,PACKAGES): the same into OTHER, by VENV's uv
 install = { $(1)/bin/python -m pip install -q uv && $(call install_with_uv_of,$(1),$(1),$(2)); }
-install_with_uv_of = { $(1)/bin/uv pip install -q --python $(2)/bin/python $(3) \
-	|| $(2)/bin/python -m pip install -q $(3); }
+install_with_uv_of = { $(1)/bin/uv pip install -q --python $(2)/bin/python \
+	--overrides scripts/left-out.txt $(3) || $(2)/bin/python -m pip install -q $(3); }
 
 # the kernelspec names the kernel's module: a venv made before it moved installs it again
-$(STAMP): pyproject.toml jaxcluster/notebook/kernelspec.py
+$(STAMP): pyproject.toml jaxcluster/notebook/kernelspec.py scripts/left-out.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(call install,$(VENV),-e '.[test]')
 	$(PY) -m jaxcluster install-kernel --sys-prefix
@@ -76,7 +76,7 @@ $(PANEL): $(STAMP) $(NODE_MODULES) $(PANEL_SOURCES)
 
 # made and filled by the main venv's uv where it has one (with pip in it, for pip's turn):
 # Python's own venv runs ensurepip, and pip would then install uv a second time
-$(OLDEST_STAMP): pyproject.toml $(STAMP)
+$(OLDEST_STAMP): pyproject.toml scripts/left-out.txt $(STAMP)
 	test -x $(OLDEST)/bin/python || $(VENV)/bin/uv venv -q --seed --python $(PYTHON) $(OLDEST) \
 		|| $(PYTHON) -m venv $(OLDEST)
 	$(call install_with_uv_of,$(VENV),$(OLDEST),-e . pytest pytest-timeout pytest-xdist \

@@ -81,11 +81,11 @@ def test_local_jit_on_one_process_is_not_a_hang(ip, cluster):
         "total = float(jax.jit(jnp.sum)(x))\n"
         "if jax.process_index() == 0:\n"
         "    step = jax.jit(lambda v: jnp.sin(v) @ jnp.cos(v).T)\n"
-        "    v, end = jnp.ones((300, 300)), time.time() + 8\n"
+        "    v, end = jnp.ones((300, 300)), time.time() + 4\n"
         "    while time.time() < end:\n"
         "        v = step(v).block_until_ready() / 300\n"
         "print('total', total)",
-        "--hang-after 2",
+        "--hang-after 1",
     )
     assert text.strip() == "[processes 0-3]\ntotal 120.0"
     assert pids(cluster) == before
