@@ -31,10 +31,10 @@ WITH_NODE := '.[test,node]'
 # together: tests/conftest.py), so a file's shared clusters start once, in the order tests/conftest.py gives them (the longest
 # first; xdist would put the files with most tests first); pytest-randomly orders the tests
 # anew every run and prints its seed ("Using --randomly-seed=N"):
-# PYTEST_ARGS='-p randomly --randomly-seed=N' repeats one. Three workers on two cores: much of
-# the suite waits on its subject (a hang, a timeout, a process's end), and a third worker fills
-# that time (a fourth adds more contention than it fills).
-WORKERS ?= 3
+# PYTEST_ARGS='-p randomly --randomly-seed=N' repeats one. Four workers on two cores: much of
+# the suite waits on its subject (a hang, a timeout, a process's end), and the others fill
+# that time (with three, about a tenth of the two cores stood idle).
+WORKERS ?= 4
 PARALLEL := -n $(WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 PYTEST := IPP_NONINTERACTIVE=1 $(PY) -m pytest $(PARALLEL)
 # What a change to the engine, the cells or the notebook glue most often breaks: the inner

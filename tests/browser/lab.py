@@ -433,10 +433,26 @@ def run_all_cells(page, timeout: float = 60) -> None:
                                f"{[t.strip() for t in prompts.all_inner_texts()]}")
 
 
-def run_cell(page, index: int) -> None:
-    """Run one code cell in place (Ctrl+Enter in its editor), as a user does."""
-    page.locator(f"{_PANEL} .jp-CodeCell").nth(index).locator(".jp-InputArea-editor").click()
-    page.keyboard.press("Control+Enter")
+def run_cell(page, index: int, timeout: float = 60) -> None:
+    """Run one code cell in place (Ctrl+Enter in its editor), as a user does, until Lab shows
+    it queued or run: keys pressed while a loaded browser has not yet given the notebook the
+    focus do nothing (the cell stays "[ ]:", in command mode), and the user presses again."""
+    cell = page.locator(f"{_PANEL} .jp-CodeCell").nth(index)
+    prompt = cell.locator(".jp-InputPrompt")
+    before = prompt.inner_text().strip()
+    deadline = time.monotonic() + timeout
+    while True:
+        cell.locator(".jp-InputArea-editor").click()
+        page.keyboard.press("Control+Enter")
+        # Lab marks a queued cell [*] at once; the wait is for a loaded browser
+        shown = time.monotonic() + 15
+        while time.monotonic() < shown:
+            if prompt.inner_text().strip() != before:
+                return
+            time.sleep(0.25)
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"Ctrl+Enter started cell {index} in no try within {timeout}s;"
+                               f" its prompt stayed {before!r}")
 
 
 def wait_cells_done(page, timeout: float = 120, index: int | None = None) -> None:
