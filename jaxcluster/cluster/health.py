@@ -68,7 +68,9 @@ class Health:
 
     def dead_processes(self, reap_seconds: float = REAP_SECONDS) -> dict[int, str]:
         """Process index -> how it died, for processes whose engine is gone; a local engine
-        gone unreaped gets ``reap_seconds`` to be reaped, so that its exit code says how."""
+        gone unreaped gets ``reap_seconds`` to be reaped, so that its exit code says how. One
+        that ends after the first look is left to the next call, which waits for its reap: else
+        it would read "died" without how, while its exit code is on the way."""
         local = self._launcher.engines_share_host
         exit_codes = engine_sets.exit_codes(self.ipp_cluster)
         alive_ids = None if local else set(self.client.ids)
@@ -85,7 +87,7 @@ class Health:
         for proc in self.processes:
             if self._key(proc) in exit_codes:
                 dead[proc.process_index] = _death(exit_codes[self._key(proc)])
-            elif alive_ids is None and not _running(proc.pid):
+            elif proc in gone:  # never reaped within reap_seconds
                 dead[proc.process_index] = "died"
             elif alive_ids is not None and proc.engine_id not in alive_ids:
                 dead[proc.process_index] = "stopped answering the controller's heartbeat"
