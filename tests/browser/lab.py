@@ -19,7 +19,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from urllib.parse import quote
 
@@ -406,6 +406,17 @@ def wait_kernel_idle(page, timeout: float = 120) -> None:
     ).first.wait_for(state="attached", timeout=timeout * 1000)
 
 
+def _shown_within(started: Callable[[], bool], seconds: float = 15) -> bool:
+    """Whether Lab shows a cell queued or run within ``seconds``: it marks a queued cell [*]
+    at once; the wait is for a loaded browser."""
+    shown = time.monotonic() + seconds
+    while time.monotonic() < shown:
+        if started():
+            return True
+        time.sleep(0.25)
+    return False
+
+
 def run_all_cells(page, timeout: float = 60) -> None:
     """Run → Run All Cells via the menu bar (the same as a user would), until a cell has
     started: a menu item Lab shows disabled (the notebook not yet its current widget) does
@@ -422,12 +433,9 @@ def run_all_cells(page, timeout: float = 60) -> None:
             time.sleep(0.5)
         else:
             item.click()
-            # Lab marks a queued cell [*] at once; the wait is for a loaded browser
-            shown = time.monotonic() + 15
-            while time.monotonic() < shown:
-                if any(_PROMPT_STARTED.search(t) for t in prompts.all_inner_texts()):
-                    return
-                time.sleep(0.25)
+            if _shown_within(lambda: any(_PROMPT_STARTED.search(t)
+                                         for t in prompts.all_inner_texts())):
+                return
         if time.monotonic() > deadline:
             raise TimeoutError(f"Run All Cells started no cell within {timeout}s; prompts="
                                f"{[t.strip() for t in prompts.all_inner_texts()]}")
@@ -444,12 +452,8 @@ def run_cell(page, index: int, timeout: float = 60) -> None:
     while True:
         cell.locator(".jp-InputArea-editor").click()
         page.keyboard.press("Control+Enter")
-        # Lab marks a queued cell [*] at once; the wait is for a loaded browser
-        shown = time.monotonic() + 15
-        while time.monotonic() < shown:
-            if prompt.inner_text().strip() != before:
-                return
-            time.sleep(0.25)
+        if _shown_within(lambda: prompt.inner_text().strip() != before):
+            return
         if time.monotonic() > deadline:
             raise TimeoutError(f"Ctrl+Enter started cell {index} in no try within {timeout}s;"
                                f" its prompt stayed {before!r}")
