@@ -5,6 +5,8 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import sys
+import threading
 import time
 import warnings
 import weakref
@@ -42,6 +44,52 @@ LONGEST_FIRST = [
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     rank = {path: place for place, path in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.nodeid.partition("::")[0], len(rank)))
+
+
+# Seconds before pytest-timeout fails a test at which every running cluster's processes say
+# where their main threads are: the timeout's own dump shows only this process's threads, and
+# a wedged cluster's cause is on the engines (CI prints what it caught of both).
+STACKS_BEFORE_TIMEOUT = 20
+INNERMOST_FRAMES = 16  # of each stack: where it waits, not the engine's start
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
+    marker = item.get_closest_marker("timeout")
+    timeout = float(marker.args[0] if marker and marker.args else item.config.getini("timeout"))
+    timer = threading.Timer(max(1.0, timeout - STACKS_BEFORE_TIMEOUT), say_where_processes_are)
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
+
+
+def say_where_processes_are() -> None:
+    """Print the main thread's innermost frames of every process of every cluster running in this
+    process, each asked over its back channel (a thread of its own, answering while the main
+    thread is stuck)."""
+    import gc
+
+    from jaxcluster import JaxCluster
+    from jaxcluster.engine import calls
+
+    for cluster in [o for o in gc.get_objects() if isinstance(o, JaxCluster)]:
+        if not cluster.running:
+            continue
+        indices = [p.process_index for p in cluster.processes]
+        answers, errors = cluster.calls.call(indices, calls.where, timeout=5)
+        print(f"~~~ {cluster!r}: where each process's main thread is", file=sys.stderr)
+        for index in indices:
+            answer = answers.get(index)
+            if answer is None:
+                print(f"process {index}: no answer ({errors.get(index)})", file=sys.stderr)
+                continue
+            frames = "".join(f"\n  {path}:{line} {name}"
+                             for path, line, name in answer["stack"][-INNERMOST_FRAMES:])
+            print(f"process {index}, dispatched last {answer['dispatch']}:{frames}",
+                  file=sys.stderr)
 
 
 BROWSER_FILES = "tests/browser/"
@@ -143,6 +191,10 @@ def _alive(pid: int) -> bool:
 
 # IPython's own way to empty a namespace, run on every process
 EMPTIED = "get_ipython().run_line_magic('reset', '-f')"
+# A healthy cluster empties itself and runs a test's setup cells in seconds. The bound makes a
+# wedged one fail the test that found it, and the run's recovery restarts it for the next test,
+# instead of every later test of the module waiting out pytest-timeout's 300 s (CI, once).
+SETUP_SECONDS = 120
 
 
 def healthy(cluster) -> bool:
@@ -161,9 +213,9 @@ def fresh(cluster, *setup: str):
     elif not healthy(cluster) or _lent.get(cluster, _pids(cluster)) != _pids(cluster):
         cluster.restart(replay=False)
     cluster.setup_cells.clear()
-    cluster.run(EMPTIED).check()
+    cluster.run(EMPTIED, timeout=SETUP_SECONDS).check()
     for cell in setup:
-        cluster.run(cell, setup=True).check()
+        cluster.run(cell, setup=True, timeout=SETUP_SECONDS).check()
     _lent[cluster] = _pids(cluster)
     return cluster
 

@@ -160,6 +160,54 @@ def test_an_interrupt_and_a_stack_reach_busy_engines_over_the_back_channel(clust
     assert found[1].record == {"cell": found[1].record["cell"]}  # no multi-process program yet
 
 
+def test_an_interrupt_that_reaches_its_processes_late_stops_them_without_a_restart(cluster):
+    """The interrupt goes through the controller (ipyparallel's control channel), as the
+    output does; a controller held up longer than the processes' grace to stop (here: stopped
+    until after it) makes no restart: they stop once it reaches them, and keep their state."""
+    import threading
+
+    from jaxcluster.cells import requests
+
+    cluster.run("kept = 1")
+    controller = psutil.Process(cluster.ipp_cluster.controller.pid)
+    timeout = 1
+    resume = threading.Timer(timeout + requests.INTERRUPT_GRACE + 1,
+                             lambda: controller.send_signal(signal.SIGCONT))
+    controller.send_signal(signal.SIGSTOP)
+    resume.start()
+    try:
+        stopped = cluster.run("import time\ntime.sleep(60)", timeout=timeout)
+    finally:
+        resume.join()
+    assert not stopped.restarted, stopped.restart_reason
+    assert stopped.failure == "timeout" and stopped.interrupted == [0, 1, 2, 3], stopped
+    assert {p.error["ename"] for p in stopped.processes} == {"KeyboardInterrupt"}
+    assert [p.stdout for p in cluster.run("print(kept)").processes] == ["1\n"] * 4
+
+
+def test_calls_only_started_leave_no_socket_to_the_garbage_collector(cluster):
+    """``status()`` asks each process's memory and does not wait to finish the calls; their
+    inbox readers close what they opened once done (``python -X dev`` showed four
+    ``ResourceWarning: unclosed <socket …>`` for each status)."""
+    import gc
+    import threading
+    import time
+    import warnings
+
+    gc.collect()  # what earlier tests left behind is not this call's
+    before = set(threading.enumerate())
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ResourceWarning)
+        cluster.status()
+        deadline = time.monotonic() + 10  # its readers end as the answers come
+        while any(t.name == "jaxcluster-inboxes" for t in set(threading.enumerate()) - before):
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        gc.collect()
+    assert [str(w.message) for w in caught if w.category is ResourceWarning
+            and "unclosed <socket" in str(w.message)] == []
+
+
 def test_a_cell_interrupted_before_it_reached_its_process_never_runs(cluster):
     import time
 

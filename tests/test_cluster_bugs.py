@@ -4,22 +4,27 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
 import threading
 import time
+import warnings
 
+import psutil
 import pytest
 
 from jaxcluster import JaxCluster, JaxClusterError
+from jaxcluster.cluster import bringup
 from jaxcluster.cluster.distributed import port_claim_error
 from jaxcluster.cluster.event_loop import THREAD_NAME, LoopThread
 from jaxcluster.engine.process import claim_port
-from tests.conftest import cluster_processes, wait_until_gone
+from tests.conftest import cluster_processes, stopped_at_the_end, wait_until_gone
 
 pytestmark = pytest.mark.cluster
 
@@ -121,3 +126,99 @@ def test_the_version_is_written_once():
     assert version("jaxcluster") == jaxcluster.__version__
     with open(os.path.join(os.path.dirname(__file__), "..", "pyproject.toml")) as f:
         assert 'dynamic = ["version"]' in f.read()
+
+
+def test_a_controller_that_never_answers_is_replaced_with_a_warning_that_says_why(monkeypatch):
+    """A controller that runs but never answers the client (here: stopped as it starts) is
+    stopped and replaced once ``ANSWER_SECONDS`` have passed, with a warning that says which
+    of ipyparallel's waits it was; the cluster then starts as usual."""
+    monkeypatch.setattr(bringup, "ANSWER_SECONDS", 2)
+    silenced: list[psutil.Process] = []
+    others = {p.pid for p in _controllers()}  # the module's shared cluster's, say
+
+    def silence_the_first_controller() -> None:
+        deadline = time.monotonic() + 60
+        while not silenced and time.monotonic() < deadline:
+            for proc in _controllers():
+                if proc.pid not in others:
+                    proc.send_signal(signal.SIGSTOP)
+                    silenced.append(proc)
+                    return
+            time.sleep(0.005)
+
+    watcher = threading.Thread(target=silence_the_first_controller)
+    watcher.start()
+    cluster = JaxCluster(nodes=2, timeout=60)
+    with stopped_at_the_end(cluster):
+        with pytest.warns(RuntimeWarning, match=r"(?s)controller did not answer within 2 s; "
+                          r"another one starts\. It never wrote its connection files\. The "
+                          r"client waited in:\n.*get_connection_info.*The controller wrote:"):
+            cluster.start()
+        watcher.join()
+        assert silenced and wait_until_gone([silenced[0].pid], 10) == []
+        assert cluster.run("import jax; print(jax.process_count())").processes[0].stdout == "2\n"
+
+
+def test_a_controller_whose_heart_monitor_cannot_bind_its_port_exits_saying_why(tmp_path):
+    """ipyparallel draws the controller's ports by binding and letting go of them; another
+    process can take one before the heart monitor (the controller's child) binds it. Such a
+    controller took registrations and never completed one: a start waited its whole timeout
+    for engines that never registered. Here the port is taken on purpose."""
+    from jaxcluster.cluster import controller
+    from tests.ports import free_port
+
+    ports = [free_port() for _ in range(10)]
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", ports[5]))  # ipyparallel's order: hb_ping is the sixth
+        taken.listen()
+        process = subprocess.Popen(
+            [sys.executable, "-m", "jaxcluster.cluster.controller", "--ip=127.0.0.1",
+             "--usethreads", "--nodb", f"--profile-dir={tmp_path}",
+             "--IPController.engine_ports=" + ",".join(map(str, ports))],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        try:
+            status = process.wait(60)
+        finally:
+            process.kill()
+        output = process.stdout.read() if process.stdout else ""
+    assert status == controller.HEART_MONITOR_FAILED, output
+    assert "Address already in use" in output
+    assert output.rstrip().endswith("exited with status 1: the controller exits too."), output
+
+
+def test_a_controller_that_exits_while_the_engines_register_is_replaced():
+    """The engines of the first controller are stopped and started again for a new one, in
+    the same start; a start used to wait its whole timeout, then fail."""
+    killed: list[int] = []
+
+    def kill_the_controller(stage: str, *_: object) -> None:
+        if stage == "engines registered" and not killed:
+            process = psutil.Process(cluster.ipp_cluster.controller.pid)
+            for proc in [process, *process.children(recursive=True)]:
+                proc.kill()
+            killed.append(process.pid)
+
+    cluster = JaxCluster(nodes=2, timeout=60)
+    with stopped_at_the_end(cluster), warnings.catch_warnings():
+        warnings.simplefilter("error")  # no silent controller: the dead one's files went too
+        cluster.start(progress=kill_the_controller)
+        assert killed and cluster.ipp_cluster.controller.pid != killed[0]
+        assert cluster.run("import jax; print(jax.process_count())").processes[1].stdout == "2\n"
+
+
+def _controllers() -> list[psutil.Process]:
+    found = []
+    for proc in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            if "jaxcluster.cluster.controller" in proc.cmdline():
+                found.append(proc)
+    return found
+
+
+def test_a_controller_writes_every_threads_stack_when_asked(cluster):
+    """What ``bringup`` asks of a controller that does not answer, asked of a healthy one:
+    every thread's stack in its output, the hub's main loop among them; and it goes on."""
+    stacks = bringup.controller_stacks(cluster.ipp_cluster.controller)
+    dump = stacks.partition("most recent call first")[2]
+    assert "ipyparallel/controller/app.py" in dump, stacks[-3000:]
+    assert cluster.run("print(1)").processes[0].stdout == "1\n"

@@ -177,6 +177,15 @@ def test_temporaries_are_read_before_their_owners_drop_them(shell, expected):
     assert text.strip() == f"[processes 0-1]\n{expected[TEMPORARIES].strip()}"
 
 
+def test_a_cell_on_one_process_leaves_the_next_cells_reads_in_step(shell, expected):
+    """A cell that ran on process 0 alone once left the processes naming the next cells'
+    arrays differently (each counted its own cells): every read between them then waited
+    120 s and failed."""
+    run_spmd(shell, "only_process_0_ran_this = True", line="--targets 0")
+    text, _ = run_spmd(shell, TEMPORARIES)
+    assert text.strip() == f"[processes 0-1]\n{expected[TEMPORARIES].strip()}"
+
+
 def test_arrays_move_between_device_sets_both_ways(shell, expected):
     text, _ = run_spmd(shell, MOVE)
     assert text.strip() == f"[processes 0-1]\n{expected[MOVE].strip()}"

@@ -13,6 +13,7 @@ import uuid
 
 import pytest
 
+from jaxcluster.cells.backchannel import CallError
 from jaxcluster.cells.process_calls import BACK_CHANNEL, INBOX, IPYPARALLEL, ProcessCalls
 from jaxcluster.engine import calls, data, inbox
 
@@ -117,6 +118,35 @@ def test_an_inbox_whose_engine_greets_with_another_id_is_never_used(paths):
     finally:
         processes.close()
         engine.close()
+
+
+def test_an_engine_that_went_away_after_its_greeting_is_lost_not_failed(paths):
+    """An engine that greeted and then died (its connection kept, from an earlier call) refuses
+    the next request's send: that is a lost engine, as a connection closed after the send is,
+    which the cell reads as a death; not an error of the request."""
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    listener.bind(paths[0][0])
+    listener.listen(1)
+
+    def greet_and_die() -> None:
+        conn, _ = listener.accept()
+        conn.send(json.dumps({"engine_id": 10}).encode())
+        conn.close()
+
+    engine = threading.Thread(target=greet_and_die)
+    engine.start()
+    processes = ProcessCalls(inboxes={0: paths[0]})
+    try:
+        assert processes.route(0, data.release, "token") == INBOX  # greeted: connected
+        engine.join()
+        sent = processes.inboxes.start({0: json.dumps({"call": "release", "args": []}).encode()})
+        refused = sent.answers[0].exception()
+        assert isinstance(refused, CallError) and refused.lost, refused
+        assert "its engine's inbox refused the request" in str(refused)
+        processes.inboxes.finish(sent)
+    finally:
+        processes.close()
+        listener.close()
 
 
 def test_a_process_that_does_not_answer_fails_at_the_bound_and_is_dropped(paths):

@@ -19,6 +19,7 @@ import pytest
 
 from jaxcluster import JaxCluster
 from jaxcluster.errors import ConfigError, JaxClusterError
+from tests.conftest import cluster_processes, wait_until_gone
 from tests.kept_clusters import CHECK, CHECKED, RIG_STARTER, keeper_pids, kill, start_kept
 
 
@@ -91,6 +92,20 @@ def test_idle_timeout_ends_everything_but_never_while_attached(name: str) -> Non
     assert not alive, alive
     assert name not in {r.name for r in JaxCluster.kept_clusters()}
 
+
+
+def test_a_keeper_waits_for_its_first_hold_beyond_a_shorter_idle_timeout(name: str) -> None:
+    """The kernel that starts a keeper holds it next; on a busy machine that may take longer
+    than a short idle timeout, which counts only once a kernel held it, and counts then."""
+    from jaxcluster.cluster import kept
+
+    keeper = kept.start_keeper(name, 0.1)
+    process = psutil.Process(int(keeper.record["pid"]))
+    time.sleep(0.9)  # a slow kernel: the keeper looked at its idle time once or more
+    hold = kept.Hold(keeper, force=False)
+    hold.release()
+    process.wait(10)  # idle from the release on: it ends
+    assert name not in {r.name for r in JaxCluster.kept_clusters()}
 
 
 def test_the_list_magic_names_each_kept_cluster_with_its_hosts_state_and_memory(
@@ -351,3 +366,15 @@ def test_the_kernel_that_holds_a_kept_cluster_is_told_who_stopped_it(name: str) 
                        rf"pid {os.getpid()} \(%jax_cluster stop {name}\)"):
         cluster.run("d")
     assert not cluster.running
+
+
+def test_a_kept_start_that_fails_leaves_nothing_running(name: str) -> None:
+    """A kept start that fails once its controller runs (here every process fails to create
+    its backend) ends with nothing of it left: its keeper, told what to end as the start began,
+    ends the controller the failed start left to it."""
+    cluster = JaxCluster(nodes=2, keep=True, name=name, engine_env={"JAX_PLATFORMS": "tpu"})
+    with pytest.raises(JaxClusterError, match=r"Could not initialize jax\.distributed"):
+        cluster.start()
+    assert cluster.cluster_id is not None
+    assert wait_until_gone([p.pid for p in cluster_processes(cluster.cluster_id)], 10) == []
+    assert name not in {row.name for row in JaxCluster.kept_clusters()}

@@ -34,6 +34,7 @@ from tests.conftest import (
 REPO = Path(__file__).resolve().parent.parent
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 CELL_TIMEOUT = 180  # the first cell waits for the cluster, which is slow on a busy machine
+REMOTE_TIMEOUT = 50  # for process 0 to answer a completion; below the tests' 60 s for a reply
 
 
 # -- the kernelspec (pure and file-level) -------------------------------------------------------
@@ -252,7 +253,10 @@ def start_kernel(jupyter_path):
             "JUPYTER_PATH": jupyter_path,
         }
         km = kernel_manager("jaxcluster")
-        km.start_kernel(env={**os.environ, **defaults, **env})
+        # process 0's first completion loads Jedi, which a loaded machine may take longer than
+        # the default 5 s for: the tests of its answers must not depend on the machine's speed
+        km.start_kernel(env={**os.environ, **defaults, **env},
+                        extra_arguments=[f"--JaxClusterKernel.remote_timeout={REMOTE_TIMEOUT}"])
         kernel = Kernel(km)
         started.append(kernel)
         return kernel

@@ -29,30 +29,34 @@ class Pending:
     """Calls sent to some processes' inboxes. ``answers`` (by process) resolve as the answers
     come in, read on a thread of this object's own; ``Inboxes.finish`` ends it."""
 
-    def __init__(self, sent: dict[int, socket.socket], errors: dict[int, str]) -> None:
+    def __init__(self, sent: dict[int, socket.socket], errors: dict[int, CallError]) -> None:
         self.answers: dict[int, concurrent.futures.Future] = {}
         for process in sorted([*sent, *errors]):
             self.answers[process] = concurrent.futures.Future()
             if process in errors:
-                self.answers[process].set_exception(CallError(errors[process]))
+                self.answers[process].set_exception(errors[process])
         self._wake, self._woken = socket.socketpair()
         self._reader = threading.Thread(
             target=self._read, args=(sent,), name="jaxcluster-inboxes", daemon=True)
         self._reader.start()
 
     def _read(self, sent: dict[int, socket.socket]) -> None:
-        with selectors.DefaultSelector() as selector:
-            selector.register(self._woken, selectors.EVENT_READ, None)
-            for process, conn in sent.items():
-                selector.register(conn, selectors.EVENT_READ, process)
-            waiting = len(sent)
-            while waiting:
-                for key, _ in selector.select():
-                    if key.data is None:
-                        return
-                    selector.unregister(key.fileobj)
-                    waiting -= 1
-                    self._take(key.data, key.fileobj)  # type: ignore[arg-type]
+        try:
+            with selectors.DefaultSelector() as selector:
+                selector.register(self._woken, selectors.EVENT_READ, None)
+                for process, conn in sent.items():
+                    selector.register(conn, selectors.EVENT_READ, process)
+                waiting = len(sent)
+                while waiting:
+                    for key, _ in selector.select():
+                        if key.data is None:
+                            return
+                        selector.unregister(key.fileobj)
+                        waiting -= 1
+                        self._take(key.data, key.fileobj)  # type: ignore[arg-type]
+        finally:  # calls that are only started (``ProcessCalls.tell``) never ``stop`` it
+            self._wake.close()
+            self._woken.close()
 
     def _take(self, process: int, conn: socket.socket) -> None:
         try:
@@ -77,9 +81,7 @@ class Pending:
         (a late answer would be read as the next call's) and those that hung up."""
         with contextlib.suppress(OSError):
             self._wake.send(b"!")
-        self._reader.join()
-        self._wake.close()
-        self._woken.close()
+        self._reader.join()  # it closes both ends as it ends
         return [p for p, answer in self.answers.items()
                 if not answer.done() or getattr(answer.exception(), "lost", False)]
 
@@ -111,7 +113,10 @@ class Inboxes:
                     raise ConnectionRefusedError("its inbox is gone")
                 conn.send(message)
             except OSError as e:
-                errors[p] = f"its engine's inbox refused the request ({e.strerror or e})"
+                # a connection refused, reset or broken: its engine is gone (it died as the
+                # request went), as a closed connection says once it was sent
+                errors[p] = CallError(f"its engine's inbox refused the request ({e.strerror or e})",
+                                      lost=isinstance(e, ConnectionError))
                 self._drop(p)
             else:
                 sent[p] = conn

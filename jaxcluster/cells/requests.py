@@ -32,6 +32,11 @@ from .live import Relay
 
 # seconds a process's output may lag its answer before the process counts as ended anyway
 OUTPUT_GRACE = 5.0
+# seconds an interrupt may take to reach a process's engine (through the controller), and then
+# for the process to leave the cell, before it counts as stuck
+REACH_SECONDS = 30.0
+INTERRUPT_GRACE = 3.0
+DEATHS_EVERY = 0.5  # how often a stop's wait for its interrupts looks for processes that died
 
 
 class CellRequest(Protocol):
@@ -43,7 +48,10 @@ class CellRequest(Protocol):
 
     def metadata(self) -> dict[int, dict]: ...  # ipyparallel's record of each: output, status
 
-    def interrupt(self, processes: list[int]) -> None: ...  # those yet to start it never will
+    def interrupt(self, processes: list[int]) -> dict[int, concurrent.futures.Future]: ...
+    # each engine's answer: True where the cell ran and got SIGINT, False where it never will
+
+    def stop(self, processes: list[int]) -> None: ...  # interrupt, and wait until they leave it
 
     def close(self) -> None: ...
 
@@ -63,15 +71,17 @@ class _Cell:
                  targets: list[int]) -> None:
         self.client = cluster.client
         self.calls = cluster.calls
+        self.dead_processes = cluster.dead_processes
         self.outputs: dict[int, Any] = {}  # ipyparallel's output future of each one's header
         parents = {}
+        order = time.time_ns() // 1000  # one for every process of this cell (``_parent``)
         for index in targets:
             header = self.client.session.msg_header("execute_request")
             future, output = self.client.create_message_futures(
                 header["msg_id"], header, async_result=True, label=label)
             future.iopub_callbacks.append(_passer(relay, index))
             self.outputs[index] = output
-            parents[index] = _parent(header, label)
+            parents[index] = _parent(header, label, order)
         self.msg_ids = {index: output.msg_id for index, output in self.outputs.items()}
         self.sent = self.calls.start({p: (cells.run_cell, (code, parent))
                                       for p, parent in parents.items()})
@@ -134,21 +144,41 @@ class _Cell:
         name, _, message = text.partition(": ")
         return {"status": "error", "error": RemoteError(name, message, "")}
 
-    def interrupt(self, processes: list[int]) -> None:
+    def stop(self, processes: list[int]) -> None:
+        """Interrupt the cell on ``processes`` and wait until each left it, died, or counts as
+        stuck: its interrupt did not reach it within ``REACH_SECONDS`` (ipyparallel's control
+        channel goes through the controller, which a busy machine may hold up), or it did not
+        answer within ``INTERRUPT_GRACE`` after. The answer of one that left comes from its
+        engine; its output, through the controller, may come later: it gets ``OUTPUT_GRACE``."""
+        reached = self.interrupt(processes)
+        deadline = time.monotonic() + REACH_SECONDS
+        waiting = set(processes)
+        while waiting and time.monotonic() < deadline:
+            concurrent.futures.wait([reached[p] for p in waiting], DEATHS_EVERY)
+            waiting = {p for p in waiting if not reached[p].done()} - set(self.dead_processes())
+        concurrent.futures.wait([self.answers[p] for p in processes], INTERRUPT_GRACE)
+        left = [p for p in processes if self.answers[p].done()]
+        concurrent.futures.wait([self.ended[p] for p in left], OUTPUT_GRACE)
+
+    def interrupt(self, processes: list[int]) -> dict[int, concurrent.futures.Future]:
         """SIGINT to the cell on each of ``processes`` (``engine/cells.interrupt``), on the
         control thread: one whose request has not reached its process's main thread yet (the
-        inbox is another path) never runs."""
-        self.calls.start({p: (cells.interrupt, (self.msg_ids[p],)) for p in processes})
+        inbox is another path) never runs. Each engine's answer says which it was."""
+        return self.calls.start({p: (cells.interrupt, (self.msg_ids[p],))
+                                 for p in processes}).answers
 
     def close(self) -> None:
         self.sent.finish()
         self.client.purge_local_results(jobs=list(self.msg_ids.values()))
 
 
-def _parent(header: dict[str, Any], label: str | None) -> dict[str, Any]:
-    """The request an engine's cell stands in for, as JSON."""
+def _parent(header: dict[str, Any], label: str | None, order: int) -> dict[str, Any]:
+    """The request an engine's cell stands in for, as JSON. ``order``: the time it was sent,
+    in microseconds, the same for every process it goes to and later than any cell before it,
+    whichever notebook sent that one; the engines number the cell's global arrays by it
+    (``engine/values.py``), in step also after cells that ran on some processes only."""
     return {"header": {**header, "date": header["date"].isoformat()}, "parent_header": {},
-            "metadata": {"label": label}, "content": {}}
+            "metadata": {"label": label, "order": order}, "content": {}}
 
 
 def _passer(relay: Relay, index: int) -> Any:

@@ -29,7 +29,6 @@ from .profile import Profiling, folder_for
 from .results import ProcessOutput, SPMDResult
 
 DEFAULT_HANG_AFTER = 10.0
-INTERRUPT_GRACE = 3.0  # seconds the processes get to stop after SIGINT before they count as stuck
 PROBE_EVERY = 2.0  # how often the processes still running are looked at, once others ended
 DEATH_GRACE = 1.0  # seconds the others get to finish after one process died
 # seconds a cell may take before it is watched more closely: a trivial cell ends well within
@@ -262,8 +261,7 @@ class _Watcher:
         those left with a multi-process program in flight that others never ran."""
         running = [p for p in self.result.processes if p.state == "running"]
         if running:
-            self.cell.interrupt([p.process_index for p in running])
-            self.cell.wait(INTERRUPT_GRACE)
+            self.cell.stop([p.process_index for p in running])
             self._collect(self.cell.metadata())
         self.result.failure = failure
         self.result.interrupted = [p.process_index for p in running if p.state != "running"]

@@ -1,25 +1,25 @@
 """From a launch plan to engines up: controller, watchdog, client, engines registered.
 
 One deadline, the cluster's timeout from the start's first step, bounds the whole start
-(launching included), and an engine that ends before registering
-fails the start at once, with its output. ``jax.distributed`` on the engines is
-``distributed.py``'s part.
+(launching included), and an engine that ends before registering fails the start at once,
+with its output. ``jax.distributed`` on the engines is ``distributed.py``'s part.
 """
 
 from __future__ import annotations
 
-import atexit
 import concurrent.futures
 import contextlib
 import logging
 import os
+import signal
 import subprocess
 import time
-import weakref
+import warnings
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import ipyparallel as ipp
+import psutil
 
 from ..contracts import Progress
 from ..engine import process as _engine
@@ -36,36 +36,12 @@ from .options import ClusterOptions
 MARGIN_SECONDS = 30
 # seconds the hosts get to say who they are, when an error is named by host
 IDENTIFY_SECONDS = 5
-CONTROLLER_TRIES = 3  # starts of a controller that exits before it is ready
-
-
-class Stoppable(Protocol):
-    def stop(self) -> None: ...
-
-
-# Clusters that are running, stopped at interpreter exit before ipyparallel's own atexit hook
-# (which would first wait for each engine to ignore a SIGTERM). Registered after ipyparallel's
-# hook, once a controller has started, because atexit runs the last registered first.
-_running: weakref.WeakSet[Stoppable] = weakref.WeakSet()
-_atexit_registered = False
-
-
-def stop_at_exit(cluster: Stoppable) -> None:
-    """Stop ``cluster`` when the interpreter exits, unless ``stopped`` was told first."""
-    global _atexit_registered
-    _running.add(cluster)
-    if not _atexit_registered:
-        atexit.register(_stop_running_clusters)
-        _atexit_registered = True
-
-
-def stopped(cluster: Stoppable) -> None:
-    _running.discard(cluster)
-
-
-def _stop_running_clusters() -> None:
-    for cluster in list(_running):
-        cluster.stop()
+CONTROLLER_TRIES = 3  # starts of a controller that exits, or is silent, before it is ready
+# seconds a controller that runs gets to answer the client (it answers within a few on a loaded
+# machine) before another is started instead, but on the last try, which gets the rest of the
+# start's time
+ANSWER_SECONDS = 30
+STACKS_SECONDS = 2  # for a silent controller to write its threads' stacks
 
 
 @dataclass
@@ -108,6 +84,11 @@ def plan(options: ClusterOptions, work_dir: str, kept: Any = None,
         **({"profile_dir": options.profile_dir} if options.profile_dir else {}),
         **({"cluster_id": taken_over} if taken_over else {}),
     )
+    if kept is not None and not taken_over:
+        # what its keeper ends when told to stop, should this start fail before it is told the
+        # rest (``reattach.publish``): the stop leaves the controller to it
+        kept.update(cluster_file=cluster.cluster_file, cluster_id=cluster.cluster_id,
+                    launcher=options.launcher, work_dir=work_dir)
     sessions = None
     if launch.fork is not None:
         spawn = None if kept is None else kept.relay if taken_over else kept.line
@@ -156,6 +137,14 @@ def start_controller(
     if launched.sessions is not None:
         launched.sessions.progress = progress  # "hosts reached" comes meanwhile
         launched.sessions.open()
+    _controller_and_client(launched, options, loop, deadline)
+
+
+def _controller_and_client(launched: Launched, options: ClusterOptions, loop: LoopThread,
+                           deadline: float) -> None:
+    """A controller and a client of it; one that exits or is silent before it is ready is
+    replaced, ``CONTROLLER_TRIES`` times."""
+    cluster = launched.ipp_cluster
     for attempt in range(1, CONTROLLER_TRIES + 1):
         what = "start the controller"
         loop.run(cluster.start_controller(), remaining(deadline, options, what), what)
@@ -164,24 +153,93 @@ def start_controller(
         with contextlib.suppress(FileNotFoundError):
             os.chmod(cluster.cluster_file, 0o600)
         what = "connect to the controller"
+        last = attempt == CONTROLLER_TRIES
         bound = remaining(deadline, options, what)  # not the client's own 10 s for an answer
+        if not last:
+            bound = min(bound, ANSWER_SECONDS)
         try:
             launched.client = loop.run(cluster.connect_client(timeout=bound), bound, what)
             return
-        except RuntimeError:
-            ended = cluster.controller is not None and not cluster.controller.running
-            if not ended:
+        except (RuntimeError, TimeoutError) as e:  # JaxClusterError: no answer within bound
+            ended = _has_exited(cluster.controller)
+            if not ended and not isinstance(e, (TimeoutError, JaxClusterError)):
                 raise
-            # ipyparallel draws the controller's ports by binding and letting go of them, so
-            # another process may take one first: a new controller draws new ones
-            status = cluster.controller.poll()
-            output = cluster.controller.get_output()
-            loop.run(cluster.stop_controller(), remaining(deadline, options, what), what)
-            if attempt == CONTROLLER_TRIES:
-                raise JaxClusterError(
-                    f"The cluster's controller exited (status {status}) before it was ready, "
-                    f"{attempt} times. It wrote:\n{output[-2000:].strip() or '(nothing)'}"
-                ) from None
+            failure, account = _exited(cluster) if ended else _silent(cluster, bound, loop)
+            _stop_controller(cluster, loop, remaining(deadline, options, what), what)
+            if last:
+                raise JaxClusterError(f"{failure}, {attempt} times. {account}") from None
+            if not ended:  # rare: say so, with where it was, and start another
+                warnings.warn(f"{failure}; another one starts. {account}", RuntimeWarning,
+                              stacklevel=2)
+
+
+def _stop_controller(cluster: ipp.Cluster, loop: LoopThread, bound: float, what: str) -> None:
+    """Stop a controller that exited or is silent; its connection files, named by the cluster
+    id, go too: the next one's client would read them before that one wrote its own."""
+    files = cluster.controller.connection_files.values() if cluster.controller else []
+    loop.run(cluster.stop_controller(), bound, what)
+    for path in files:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(path)
+
+
+def _exited(cluster: ipp.Cluster) -> tuple[str, str]:
+    """Why a controller that exited before it was ready did (ipyparallel draws its ports by
+    binding and letting go of them, so another process may take one first: a new controller
+    draws new ones), and its account."""
+    launcher = cluster.controller
+    ended = launcher is not None and _has_exited(launcher)
+    status = (launcher.stop_data or {}).get("exit_code") if ended else None
+    output = launcher.get_output() if launcher else ""
+    return (f"The cluster's controller exited (status {status}) before it was ready",
+            f"It wrote:\n{output[-2000:].strip() or '(nothing)'}")
+
+
+def _has_exited(launcher: Any) -> bool:
+    """Whether the controller's process has ended, noted now where ipyparallel has not yet (its
+    wait thread tells the loop, which a client's connect may hold for seconds)."""
+    try:
+        return launcher is None or not launcher.running or launcher.poll() is not None
+    except psutil.Error:  # reaped by that wait thread already
+        return True
+
+
+def _silent(cluster: ipp.Cluster, waited: float, loop: LoopThread) -> tuple[str, str]:
+    """A controller that runs but has not answered the client, and its account: which of
+    ipyparallel's two waits it was (for its connection files, for its answer), where this
+    process's client waited, and every thread's stack (``controller.py`` dumps them on SIGUSR1)
+    in the controller's output."""
+    controller = cluster.controller
+    files = list(controller.connection_files.values())
+    which = ("It never wrote its connection files" if not all(map(os.path.exists, files))
+             else "It wrote its connection files, but the client got no answer")
+    output = controller_stacks(controller)
+    return (f"The cluster's controller did not answer within {waited:g} s",
+            f"{which}. The client waited in:\n{loop.last_overrun[-1500:]}"
+            f"The controller wrote:\n{output[-4000:].strip() or '(nothing)'}")
+
+
+def controller_stacks(controller: Any) -> str:
+    """A running controller's output once it has written every thread's stack after it
+    (``controller.py``; not within ``STACKS_SECONDS``: a stopped or wedged one), or as it is.
+    Read from its file: ipyparallel's ``get_output`` keeps the first reading."""
+    with contextlib.suppress(psutil.Error):  # one that ends meanwhile writes nothing more
+        controller.signal(signal.SIGUSR1)
+    written = time.monotonic() + STACKS_SECONDS
+    output, before = _output_of(controller), None
+    while ("most recent call first" not in output or output != before) and (
+            time.monotonic() < written):
+        time.sleep(0.05)
+        output, before = _output_of(controller), output
+    return output
+
+
+def _output_of(controller: Any) -> str:
+    try:
+        with open(controller.output_file, errors="replace") as f:
+            return f.read()
+    except OSError:
+        return ""
 
 
 @dataclass
@@ -201,16 +259,35 @@ def start_engines(
     progress: Progress | None,
     deadline: float,
 ) -> Registered:
-    """Start the engines; done once all have registered."""
+    """Start the engines; done once all have registered. A controller that exits meanwhile
+    (``controller.py``: its heart monitor failed) is replaced, and the engines started again
+    for the new one, ``CONTROLLER_TRIES`` times; ``launched.client`` is then the new one's."""
+    attempt = 1
+    while (registered := _engines_registered(launched, options, loop, progress, deadline)) is None:
+        failure, account = _exited(launched.ipp_cluster)
+        if attempt == CONTROLLER_TRIES:
+            raise JaxClusterError(f"{failure}, {attempt} times. {account}")
+        attempt += 1
+        stop_engines(launched, options, loop)
+        if launched.client is not None:
+            launched.client.close()
+        what = "start another controller"
+        _stop_controller(launched.ipp_cluster, loop, remaining(deadline, options, what), what)
+        _controller_and_client(launched, options, loop, deadline)
+    return registered
+
+
+def _engines_registered(launched: Launched, options: ClusterOptions, loop: LoopThread,
+                        progress: Progress | None, deadline: float) -> Registered | None:
+    """The engines started and registered; None when the controller exited first."""
     cluster, client = launched.ipp_cluster, launched.client
     assert client is not None
     known = set(client.ids)
     what = "start the engines"
     left = remaining(deadline, options, what)
     # the forked engine set reports each host's progress and names the hosts behind itself
-    forked = {"sessions": launched.sessions, "progress": progress, "start_timeout": left}
-    if launched.sessions is None:
-        forked = {}
+    forked = {} if launched.sessions is None else {
+        "sessions": launched.sessions, "progress": progress, "start_timeout": left}
     try:
         loop.run(cluster.start_engines(options.nodes, **forked), left + MARGIN_SECONDS, what)
     except JaxClusterError:
@@ -264,12 +341,14 @@ def _registered(
     options: ClusterOptions,
     progress: Progress | None,
     deadline: float,
-) -> Registered:
-    """The new engines once ``options.nodes`` have registered; fail fast on ended ones.
-    Progress names the hosts still short of engines, by the identities answered so far."""
+) -> Registered | None:
+    """The new engines once ``options.nodes`` have registered; fail fast on ended ones; None
+    once the controller has exited. Progress names the hosts still short of engines, by the
+    identities answered so far."""
     client = launched.client
     assert client is not None
     ended = engine_sets.any_engine_ends(launched.ipp_cluster)
+    controller_ended = engine_sets.launcher_ends(launched.ipp_cluster.controller)
     asked: dict[int, Any] = {}
     expected = _expected(options) if options.hosts else {}
     reported: tuple[int, str] | None = None
@@ -287,6 +366,8 @@ def _registered(
         if len(new) >= options.nodes:
             chosen = new[: options.nodes]
             return Registered(chosen, {eid: asked[eid] for eid in chosen})
+        if controller_ended.done():
+            return None
         if ended.done():
             _raise_exited(launched, options)
             # a set that ended without a record of its engines (a batch job): wait it out
@@ -311,7 +392,7 @@ def _registered(
         # on other hosts an answered identity may also name a host that has all its engines
         answers = [ar for ar in asked.values() if not ar.done()] if expected else []
         concurrent.futures.wait(
-            [one_more, ended, *answers], timeout=left,
+            [one_more, ended, controller_ended, *answers], timeout=left,
             return_when=concurrent.futures.FIRST_COMPLETED,
         )
 

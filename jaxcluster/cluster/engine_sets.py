@@ -60,6 +60,14 @@ def any_engine_ends(cluster: ipp.Cluster) -> concurrent.futures.Future[None]:
     return ended
 
 
+def launcher_ends(launcher: Any) -> concurrent.futures.Future[None]:
+    """A future that is done once the process of ``launcher`` (ipyparallel's) has ended."""
+    ended: concurrent.futures.Future[None] = concurrent.futures.Future()
+    if launcher is not None:
+        launcher.on_stop(partial(_settle, ended))
+    return ended
+
+
 def _settle(future: concurrent.futures.Future[None], _stop_data: Any) -> None:
     """An ``on_stop`` callback: the first stop settles ``future``."""
     with contextlib.suppress(concurrent.futures.InvalidStateError):

@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
+import sys
 import threading
+import traceback
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
@@ -29,6 +32,8 @@ class LoopThread:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
+        # where the loop was when the last ``run`` ran out of time (``stack``), before the cancel
+        self.last_overrun = ""
 
     @property
     def running(self) -> bool:
@@ -51,6 +56,7 @@ class LoopThread:
         # not future.result(timeout): a TimeoutError the coroutine raises itself (ipyparallel's
         # own bounds) would read as this deadline
         if not concurrent.futures.wait([future], timeout).done:
+            self.last_overrun = self.stack()
             future.cancel()
             raise JaxClusterError(
                 f"Could not {what} within {timeout:g} s: ipyparallel did not finish. The hosts "
@@ -58,6 +64,19 @@ class LoopThread:
                 "start it again."
             )
         return future.result()
+
+    def stack(self) -> str:
+        """Where the loop's thread is now, and where each of its coroutines waits: the account
+        of a wait that did not end."""
+        thread, loop = self._thread, self._loop
+        frame = sys._current_frames().get(thread.ident or 0) if thread is not None else None
+        if frame is None or loop is None:
+            return "(not running)\n"
+        lines = traceback.format_stack(frame)
+        with contextlib.suppress(RuntimeError):  # the loop's set of tasks changed meanwhile
+            for task in list(asyncio.all_tasks(loop)):
+                lines.append(f"a coroutine awaits in:\n{_awaited_in(task.get_coro())}")
+        return "".join(lines)
 
     def close(self) -> None:
         """Stop the loop and end its thread; what is still scheduled on it is dropped."""
@@ -70,3 +89,13 @@ class LoopThread:
         thread.join(JOIN_SECONDS)
         if not thread.is_alive():
             loop.close()
+
+
+def _awaited_in(coroutine: Any) -> str:
+    """The chain of coroutines ``coroutine`` awaits through, outermost first."""
+    lines = []
+    while coroutine is not None and getattr(coroutine, "cr_frame", None) is not None:
+        code, line = coroutine.cr_frame.f_code, coroutine.cr_frame.f_lineno
+        lines.append(f'  File "{code.co_filename}", line {line}, in {code.co_name}\n')
+        coroutine = coroutine.cr_await
+    return "".join(lines)

@@ -23,7 +23,7 @@ from ..contracts import ProcessInfo, ProcessStatus, Progress
 from ..data import Synced
 from ..errors import ConfigError, JaxClusterError, NoClusterError
 from ..render.labels import parse_targets
-from . import attach, bringup, distributed, kept, queries
+from . import at_exit, attach, bringup, distributed, kept, queries
 from .event_loop import LoopThread
 from .health_feed import HealthFeed
 from .kept_clusters import KeptClusters
@@ -228,7 +228,7 @@ class JaxCluster(KeptClusters):
             self.cluster_id = launched.ipp_cluster.cluster_id
             bringup.start_controller(launched, self.options, self._loop, deadline, progress)
             if keeper is None:  # a kept cluster outlives this process
-                bringup.stop_at_exit(self)
+                at_exit.stop_at_exit(self)
             running.client = launched.client
             self._start_processes(progress, deadline)
             self._place(synced)
@@ -246,7 +246,7 @@ class JaxCluster(KeptClusters):
     def _stop(self, keep_feed: bool) -> None:
         """``stop``; with ``keep_feed``, the health feed stays open, showing no processes (a
         restart that replaces the controller: its subscribers see the new ones)."""
-        bringup.stopped(self)
+        at_exit.stopped(self)
         if self.synced is not None and self.running:
             self.synced.remove_copies(self)
         running, self._running = self._running, None
@@ -423,6 +423,7 @@ class JaxCluster(KeptClusters):
         assert launched.client is not None
         registered = bringup.start_engines(
             launched, self.options, self._loop, progress, deadline)
+        running.client = launched.client  # another, when the controller was replaced
         what = "initialize jax.distributed"
         bringup.remaining(deadline, self.options, what)  # raises once the start ran out
         try:

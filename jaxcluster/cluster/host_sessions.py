@@ -282,10 +282,11 @@ class HostSessions:
 
     def late(self, seconds: float) -> str:
         """The hosts that did not fork their engines in time, and where each stands."""
-        behind = [f"{h} ({'importing JAX' if s.reached else self.plan.reach.unreached})"
+        behind = [f"{h or 'this machine'} "
+                  f"({'importing JAX' if s.reached else self.plan.reach.unreached})"
                   for h, s in self.sessions.items() if not s.forked]
         return (f"Could not start the engines: {', '.join(behind)} did not fork them within "
-                f"{seconds:g} s. The hosts may be overloaded: raise --timeout.")
+                f"{seconds:.1f} s. The hosts may be overloaded: raise --timeout.")
 
     def _open(self, host: str) -> HostSession:
         session = self.sessions[host] = HostSession(

@@ -38,6 +38,9 @@ import time
 from typing import IO, Any
 
 POLL_SECONDS = 0.5
+# for the kernel that started the keeper to hold it: until one did, a shorter idle timeout
+# would end a cluster its kernel is still starting on a busy machine
+FIRST_HOLD_SECONDS = 30
 CLOSE_SECONDS = 10  # for a forking process to end once its line is closed
 PREFIX = "jaxcluster-kept-"
 
@@ -234,6 +237,7 @@ class Keeper:
         self.holder: dict[str, Any] | None = None  # token, who, since
         self._hold: Replies | None = None
         self.idle_since = time.time()
+        self.idle_limit = max(idle_seconds, FIRST_HOLD_SECONDS)  # the idle timeout once held
         self.started = time.time()
         self.ending = threading.Event()
         self._lock = threading.Lock()
@@ -245,7 +249,7 @@ class Keeper:
         threading.Thread(target=self._accept, args=(server,), daemon=True).start()
         while not self.ending.wait(POLL_SECONDS):
             with self._lock:
-                idle = self.holder is None and time.time() - self.idle_since > self.idle_seconds
+                idle = self.holder is None and time.time() - self.idle_since > self.idle_limit
             if idle:
                 break
         self._end()
@@ -302,6 +306,7 @@ class Keeper:
                 refused = None
                 self.holder = {"token": message["token"], "who": message["who"],
                                "since": time.time()}
+                self.idle_limit = self.idle_seconds
                 self._hold = reply
         if refused is not None:
             reply({"held_by": refused})

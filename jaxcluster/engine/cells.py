@@ -66,11 +66,24 @@ def install(shell: Any) -> bool:
 def new_cell(shell: Any) -> None:
     """Note the notebook's number of the cell that starts: before it is compiled, once its
     count is taken and the counter moved on."""
-    kernel = getattr(shell, "kernel", None)
-    parent = ipykernel_internals.request_parent(kernel) if kernel is not None else {}
-    label = str(parent.get("metadata", {}).get("label") or "")
+    label = str(_sent(shell).get("label") or "")
     if label.startswith(LABEL_PREFIX):
         _counts[shell.execution_count - 1] = int(label[len(LABEL_PREFIX):])
+
+
+def order(shell: Any) -> int | None:
+    """The notebook's order of the cell that starts (``cells/requests.py``); None for a cell
+    it did not send."""
+    sent = _sent(shell).get("order")
+    return sent if isinstance(sent, int) else None
+
+
+def _sent(shell: Any) -> dict[str, Any]:
+    """The metadata the notebook sent with the cell that starts (``cells/requests.py``)."""
+    kernel = getattr(shell, "kernel", None)
+    parent = ipykernel_internals.request_parent(kernel) if kernel is not None else {}
+    metadata: dict[str, Any] = parent.get("metadata") or {}
+    return metadata
 
 
 def run_cell(code: str, parent: dict[str, Any]) -> bool | asyncio.Future[bool]:

@@ -118,7 +118,8 @@ PARTS = (
     # numbering before the dispatch record: it plans what numbers each program's outputs
     # (``dispatch.output_planners``), asked at a program's first call
     Part("global values", lambda _: values.install(),
-         new_cell=lambda _: values.new_cell(), cell_ended=lambda _: values.cell_ended()),
+         new_cell=lambda session: values.new_cell(cells.order(session.shell)),
+         cell_ended=lambda _: values.cell_ended()),
     # reads name arrays to their owners by values' numbers; the shards are served once reads
     # can ask for them
     Part("global reads", lambda _: reads.install()),

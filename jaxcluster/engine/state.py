@@ -104,7 +104,7 @@ def restore(path: str) -> dict[str, Any]:
     try:
         with open(os.path.join(path, INDEX), "rb") as f:
             index = pickle.load(f)
-        values.continue_from(index["cell"])
+        values.new_cell(index["cell"] + 1)  # what it makes stays apart from what it gets back
         for name, module in index["modules"].items():
             try:
                 shell.user_ns[name] = importlib.import_module(module)

@@ -10,10 +10,11 @@ the placeholder's place (``jaxcluster.cells.global_values``).
 
 The key: a global array can only be made by all its processes together, so the n-th array of
 one layout (shape, dtype, devices and their indices) made in a cell is the same array on every
-process. Arrays are numbered as multi-process programs return them (``dispatch``) and as
-``jax.device_put`` and ``jax.make_array_from_*`` make them. Processes that print record their
-own corners at once (the array may be gone at the cell's end); the others answer from the
-arrays still alive then.
+process. A cell is named by when the notebook sent it, not by each process's count of cells,
+which a cell on some processes only (``--targets``) would put out of step. Arrays are numbered
+as multi-process programs return them (``dispatch``) and as ``jax.device_put`` and
+``jax.make_array_from_*`` make them. Processes that print record their own corners at once
+(the array may be gone at the cell's end); the others answer from the arrays still alive then.
 
 Reading the numbers of such an array (``float(x)``, ``np.asarray(x)``, iteration) is
 ``reads.py``'s; it names arrays to their owners by the same keys.
@@ -91,10 +92,11 @@ def install() -> bool:
     return True
 
 
-def new_cell() -> None:
-    """A new cell: numbering starts again, and what was printed is forgotten."""
+def new_cell(order: int | None = None) -> None:
+    """A new cell, named by the notebook's ``order`` (else the next number): numbering starts
+    again, and what was printed is forgotten."""
     with _changed:
-        _state["cell"] += 1
+        _state["cell"] = max(_state["cell"] + 1, order or 0)
         base = _state["cell"] << CELL_SHIFT
         for tally in _tallies.values():
             if tally.count & IN_CELL:
@@ -404,14 +406,6 @@ def read_local(data: Any, box: tuple[slice, ...]) -> Any:
 def cell() -> int:
     """The cells this process numbered arrays in: a restart carries it (``state``)."""
     return int(_state["cell"])
-
-
-def continue_from(cell: int) -> None:
-    """A fresh process goes on from ``cell``: the keys of arrays it makes stay apart from those
-    of the arrays it was given back."""
-    with _changed:
-        _state["cell"] = max(_state["cell"], cell)
-    new_cell()
 
 
 def renumber(arr: Any, key: str) -> None:

@@ -125,9 +125,9 @@ class JaxClusterKernel(IPythonKernel):
     ).tag(config=True)
     remote_timeout = Float(
         5.0,
-        help="Seconds to wait for an idle process 0 to answer a completion or inspection "
-        "request (its first completion loads Jedi: about 2 s) before answering from the "
-        "kernel's own namespace instead. A busy process 0 is not asked.",
+        help="Seconds to wait for process 0 to answer a completion or inspection request (its "
+        "first completion loads Jedi: about 2 s) before answering from the kernel's own "
+        "namespace instead.",
     ).tag(config=True)
 
     def __init__(self, **kwargs: Any) -> None:
@@ -314,20 +314,15 @@ class JaxClusterKernel(IPythonKernel):
         cluster = running_cluster()
         if cluster is None:
             return None
-        ar = None
+        # nothing here waits without a bound: not ipyparallel's queue_status, nor its abort of
+        # a request not answered in time (a stopped process answers neither). Such a request
+        # stays queued, runs when the process is free (a completion: side-effect free) and
+        # its late answer is dropped
         try:
-            engine = cluster.processes[0].engine_id
-            # a process still running a cell would answer only after it: don't wait for that
-            if cluster.client.queue_status(targets=[engine])[engine]["queue"]:
-                return None
-            ar = cluster.client[engine].apply_async(func, *args)
+            ar = cluster.client[cluster.processes[0].engine_id].apply_async(func, *args)
             return ar.get(timeout=self.remote_timeout)
         except Exception as e:  # busy, slow or dead: answer locally instead
             self.log.debug("process 0 did not answer %s: %s", func.__name__, e)
-            if ar is not None and not ar.ready():
-                # don't leave it queued behind the process's running cell
-                with contextlib.suppress(Exception):
-                    ar.abort()
             return None
 
     async def do_complete(self, code: str, cursor_pos: int | None) -> dict[str, Any]:

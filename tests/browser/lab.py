@@ -447,12 +447,17 @@ def run_cell(page, index: int, timeout: float = 60) -> None:
     focus do nothing (the cell stays "[ ]:", in command mode), and the user presses again."""
     cell = page.locator(f"{_PANEL} .jp-CodeCell").nth(index)
     prompt = cell.locator(".jp-InputPrompt")
-    before = prompt.inner_text().strip()
+    before = prompt.inner_text().strip()  # "" where Lab has not drawn the prompt yet
+
+    def started() -> bool:  # queued or run since: "[ ]:" drawn late is neither
+        shown = prompt.inner_text().strip()
+        return shown != before and _PROMPT_STARTED.search(shown) is not None
+
     deadline = time.monotonic() + timeout
     while True:
         cell.locator(".jp-InputArea-editor").click()
         page.keyboard.press("Control+Enter")
-        if _shown_within(lambda: prompt.inner_text().strip() != before):
+        if _shown_within(started):
             return
         if time.monotonic() > deadline:
             raise TimeoutError(f"Ctrl+Enter started cell {index} in no try within {timeout}s;"
