@@ -7,6 +7,8 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+# the versions every install keeps below, each with why
+CONSTRAINTS := scripts/constraints.txt
 
 # The oldest JAX the package allows (pyproject.toml): its own venv runs the core suite in `make test`
 OLDEST_JAX := 0.6.2
@@ -51,14 +53,17 @@ QUICK_TESTS := tests/test_spmd.py tests/test_cluster.py tests/test_hang_rule.py 
 
 # $(call install,VENV,PACKAGES): uv (put in the venv by pip) installs what pip would, from the
 # same registry, in a fraction of pip's time; pip installs them where uv cannot (an index
-# configured for pip alone, say); uv leaves out what scripts/left-out.txt names (pip cannot)
+# configured for pip alone, say); uv leaves out what scripts/left-out.txt names (pip cannot),
+# and both keep the versions scripts/constraints.txt bounds
 # $(call install_with_uv_of,VENV,OTHER,PACKAGES): the same into OTHER, by VENV's uv
 install = { $(1)/bin/python -m pip install -q uv && $(call install_with_uv_of,$(1),$(1),$(2)); }
 install_with_uv_of = { $(1)/bin/uv pip install -q --python $(2)/bin/python \
-	--overrides scripts/left-out.txt $(3) || $(2)/bin/python -m pip install -q $(3); }
+	--overrides scripts/left-out.txt --constraint $(CONSTRAINTS) $(3) \
+	|| $(2)/bin/python -m pip install -q -c $(CONSTRAINTS) $(3); }
 
 # the kernelspec names the kernel's module: a venv made before it moved installs it again
-$(STAMP): pyproject.toml jaxcluster/notebook/kernelspec.py scripts/left-out.txt
+$(STAMP): pyproject.toml jaxcluster/notebook/kernelspec.py scripts/left-out.txt \
+	$(CONSTRAINTS)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(call install,$(VENV),-e '.[test]')
 	$(PY) -m jaxcluster install-kernel --sys-prefix
@@ -80,7 +85,7 @@ $(PANEL): $(STAMP) $(NODE_MODULES) $(PANEL_SOURCES)
 
 # made and filled by the main venv's uv where it has one (with pip in it, for pip's turn):
 # Python's own venv runs ensurepip, and pip would then install uv a second time
-$(OLDEST_STAMP): pyproject.toml scripts/left-out.txt $(STAMP)
+$(OLDEST_STAMP): pyproject.toml scripts/left-out.txt $(CONSTRAINTS) $(STAMP)
 	test -x $(OLDEST)/bin/python || $(VENV)/bin/uv venv -q --seed --python $(PYTHON) $(OLDEST) \
 		|| $(PYTHON) -m venv $(OLDEST)
 	$(call install_with_uv_of,$(VENV),$(OLDEST),-e . pytest pytest-timeout pytest-xdist \

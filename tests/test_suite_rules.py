@@ -67,3 +67,17 @@ def test_the_files_begun_first_exist():
 
     root = TESTS.parent
     assert [path for path in LONGEST_FIRST if not (root / path).is_file()] == []
+
+
+def test_the_installed_packages_keep_the_set_ups_constraints():
+    """``make`` installs every venv within ``scripts/constraints.txt``: a package it keeps below
+    a version costs each process that imports it, and so the whole suite, dearly above it."""
+    from importlib.metadata import version
+
+    from packaging.requirements import Requirement
+
+    lines = (TESTS.parent / "scripts" / "constraints.txt").read_text().splitlines()
+    bounds = [Requirement(line) for line in lines if line.strip() and not line.startswith("#")]
+    assert bounds
+    assert [f"{b.name} {version(b.name)}" for b in bounds
+            if not b.specifier.contains(version(b.name), prereleases=True)] == []
