@@ -22,8 +22,11 @@ from IPython.utils.capture import capture_output
 from jaxcluster import ConfigError, JaxCluster, JaxClusterError
 from tests.conftest import cluster_processes, kill_leftovers, wait_until_gone
 from tests.multihost import expected_psum, index_rank_psum
+from tests.ports import free_port
 
 pytestmark = pytest.mark.cluster
+
+CONTROLLER_PORTS = 24  # it binds at least 16
 
 
 @pytest.fixture(scope="module")
@@ -40,6 +43,13 @@ def external(ipython_dir):
     """4 engines × 2 CPU devices from ``ipcluster start``; their pids; killed by pid at the end."""
     cluster_id = f"external-{os.getpid()}"
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "JAX_NUM_CPU_DEVICES": "2"}
+    # the controller's ports below the ephemeral range: ipyparallel draws its own by binding and
+    # letting go, and another process's connection may take one before its heart monitor binds
+    # it (it then completes no registration: "purging stalled registration")
+    profile = ipython_dir / "profile_default"
+    profile.mkdir(parents=True, exist_ok=True)
+    ports = sorted({free_port() for _ in range(CONTROLLER_PORTS)})
+    (profile / "ipcontroller_config.py").write_text(f"c.IPController.ports = {ports}\n")
     subprocess.run(
         [sys.executable, "-m", "ipyparallel.cluster", "start", "-n", "4", "--daemonize",
          f"--cluster-id={cluster_id}", "--delay=0"],
