@@ -208,6 +208,22 @@ def test_calls_only_started_leave_no_socket_to_the_garbage_collector(cluster):
             and "unclosed <socket" in str(w.message)] == []
 
 
+def test_a_stopped_cluster_leaves_no_file_to_the_garbage_collector(cluster):
+    """Each host's line closes what it opened (the forking process's stdout, the file of its
+    stderr) as it ends: a start and stop left both to the garbage collector, two
+    ``ResourceWarning: unclosed file`` each; the next test starts the cluster again."""
+    import gc
+    import warnings
+
+    gc.collect()  # what earlier tests left behind is not this stop's
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ResourceWarning)
+        cluster.stop()
+        gc.collect()
+    assert [str(w.message) for w in caught if w.category is ResourceWarning
+            and "unclosed file" in str(w.message)] == []
+
+
 def test_a_cell_interrupted_before_it_reached_its_process_never_runs(cluster):
     import time
 

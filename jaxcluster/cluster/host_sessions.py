@@ -91,6 +91,7 @@ class HostSession:
         # another process starts it (then in the cluster's work folder, removed with it)
         fd, self._errors_path = tempfile.mkstemp(prefix="jaxcluster-session-", dir=errors_dir)
         self._errors: IO[bytes] = os.fdopen(fd, "w+b")
+        self._last_errors = ""  # its last lines, once it has ended and the file is closed
         if spawn is None:
             os.unlink(self._errors_path)
         self._process: Any = None  # a Popen, or what ``spawn`` returned
@@ -167,8 +168,11 @@ class HostSession:
     def errors(self) -> str:
         """The last lines the forking process (and what reaches it) wrote to stderr."""
         with self._errors_lock:
-            self._errors.seek(0)
-            lines = self._errors.read().decode("utf-8", "replace").strip().splitlines()
+            return self._last_errors if self._errors.closed else self._tail()
+
+    def _tail(self) -> str:
+        self._errors.seek(0)
+        lines = self._errors.read().decode("utf-8", "replace").strip().splitlines()
         return "\n".join(lines[-40:])
 
     def _read(self) -> None:
@@ -178,6 +182,10 @@ class HostSession:
             with contextlib.suppress(ValueError):  # the line carries our messages only
                 self._heard(json.loads(line))
         code = process.wait()
+        process.stdout.close()
+        with self._errors_lock:  # what it wrote is complete: kept, and its file closed
+            self._last_errors = self._tail()
+            self._errors.close()
         where = f" on {self.host}" if self.host else ""
         with self._lock:  # a fork asked from now on finds the line ended
             fork, exits = self._fork, list(self._exits.values())
