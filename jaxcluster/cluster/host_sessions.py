@@ -178,11 +178,12 @@ class HostSession:
     def _read(self) -> None:
         process = self._process
         assert process is not None and process.stdout is not None
-        for line in process.stdout:
+        stdout = process.stdout  # a file, or the keeper's line (``KeptLine``: a new one each ask)
+        for line in stdout:
             with contextlib.suppress(ValueError):  # the line carries our messages only
                 self._heard(json.loads(line))
         code = process.wait()
-        process.stdout.close()
+        stdout.close()
         with self._errors_lock:  # what it wrote is complete: kept, and its file closed
             self._last_errors = self._tail()
             self._errors.close()
