@@ -16,7 +16,6 @@ from jaxcluster.cluster.hosts import HOST_ARG, engines_by_host, parse_hosts
 from jaxcluster.cluster.launchers import (
     FORKED_ENGINE_SET,
     LaunchRequest,
-    gpu_device_ids,
     plan_launch,
 )
 from jaxcluster.cluster.launchers.local import LocalReach
@@ -159,23 +158,6 @@ def test_watchdog_kills_this_machines_processes_never_another_hosts_pid():
     # remote pids belong to other hosts: killing them here would hit unrelated processes;
     # the ssh clients (200, 201) stand for those hosts, whose engines end with their session
     assert sorted(cluster_pids(CLUSTER_FILE)) == [100, 200, 200, 201, 300, 300, 301]
-
-
-@pytest.mark.parametrize(
-    ("platform", "per_process", "local_rank", "on_host", "expected"),
-    [
-        ("cuda", None, 0, 1, None),  # one process per host keeps every GPU it sees
-        ("cuda", None, 3, 8, [3]),  # eight processes on an eight-GPU host: one GPU each
-        ("gpu", 2, 1, 4, [2, 3]),
-        ("rocm", 4, 0, 1, [0, 1, 2, 3]),
-        ("cpu", None, 1, 4, None),
-        (None, 2, 1, 4, None),  # JAX's choice: CPU devices, no GPU restriction
-    ],
-)
-def test_processes_sharing_a_host_take_their_own_gpus(
-    platform, per_process, local_rank, on_host, expected
-):
-    assert gpu_device_ids(platform, per_process, local_rank, on_host) == expected
 
 
 @pytest.mark.parametrize(

@@ -18,10 +18,10 @@ import ipyparallel as ipp
 from ..contracts import ProcessInfo, Progress
 from ..engine import process as _engine
 from ..errors import JaxClusterError, engine_error_message
-from . import topology, versions
+from . import gpus, topology, versions
 from .gather import MARGIN_SECONDS, gather
 from .hosts import split_host_port
-from .launchers import gpu_device_ids, launcher_named
+from .launchers import launcher_named
 from .options import DEFAULT_CPU_DEVICES, ClusterOptions
 
 
@@ -38,6 +38,7 @@ class JaxProcesses:
     here: set[int] = field(default_factory=set)  # the processes on the notebook's machine
     # what the engines' JAX and IPython lack the internals of: feature -> which lacks what
     features_off: dict[str, str] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)  # what start says of the GPUs (``gpus.py``)
 
 
 def initialize(
@@ -79,7 +80,9 @@ def initialize(
     coordinator = coordinator_address(
         client, engine_ids[0], identities[engine_ids[0]], left(), given
     )
-    gpus = gpu_assignment(engine_ids, identities, options)
+    gpu_plan = gpus.plan(hosts_of(engine_ids, identities), asked_platform(options),
+                         options.devices_per_node, options.allow_shared_gpu,
+                         options.devices_per_node or DEFAULT_CPU_DEVICES)
     here = _engine.machine(_engine.host_facts())
     timeout = left().timeout
     launcher = launcher_named(options.launcher)
@@ -94,8 +97,9 @@ def initialize(
             # --coordinator, or the scheduler's, may name an address that is not process 0's
             # own (NAT, a Kubernetes service)
             options.coordinator is None and given is None,
-            gpus[eid],
+            gpu_plan.devices[index],
             inbox_dir if here and _engine.machine(identities[eid]["facts"]) == here else None,
+            gpu_plan.platform,
         )
         for index, eid in enumerate(engine_ids)
     }
@@ -104,7 +108,9 @@ def initialize(
         pending, engine_ids, "initialize jax.distributed", timeout, progress,
         "JAX initialized", margin, hosts,
     )
-    return _job(engine_ids, identities, results, options, coordinator)
+    job = _job(engine_ids, identities, results, options, coordinator)
+    job.notes = gpu_plan.notes
+    return job
 
 
 def adopt(
@@ -250,20 +256,24 @@ def port_claim_error(
     )
 
 
-def gpu_assignment(
-    engine_ids: list[int], identities: dict[int, dict], options: ClusterOptions
-) -> dict[int, list[int] | None]:
-    """Each engine's GPUs: its own share where several processes run on one host."""
-    on_host: dict[tuple, list[int]] = {}
-    for eid in engine_ids:
-        on_host.setdefault((identities[eid]["host"], identities[eid]["address"]), []).append(eid)
-    assignment = {}
-    for eids in on_host.values():
-        for local_rank, eid in enumerate(eids):
-            assignment[eid] = gpu_device_ids(
-                options.platform, options.devices_per_node, local_rank, len(eids)
-            )
-    return assignment
+def hosts_of(engine_ids: list[int], identities: dict[int, dict]) -> list[gpus.Host]:
+    """The hosts of the processes (``engine_ids`` in process order), with the GPUs each shows;
+    processes that a scheduler gave GPUs of their own (``CUDA_VISIBLE_DEVICES``) apart."""
+    found: dict[tuple, gpus.Host] = {}
+    for index, eid in enumerate(engine_ids):
+        me = identities[eid]
+        key = (me["host"], me["address"], me.get("gpu_view"))
+        if key not in found:
+            found[key] = gpus.Host(me["host"], [], list(me.get("gpus") or []),
+                                   gpus.has_gpu_plugin(me.get("versions") or {}))
+        found[key].processes.append(index)
+    return list(found.values())
+
+
+def asked_platform(options: ClusterOptions) -> str | None:
+    """The platform asked for: ``--platform``, else the first of ``JAX_PLATFORMS`` in ``--env``."""
+    given = options.platform or options.engine_env.get("JAX_PLATFORMS", "").split(",")[0]
+    return given.strip().lower() or None
 
 
 def _job(

@@ -58,7 +58,7 @@ class JaxCluster(KeptClusters):
         launcher_args: list[str] | str | None = None,
         ip: str | None = None,
         coordinator: str | None = None,
-        allow_version_skew: bool = False,
+        allow_version_skew: bool = False, allow_shared_gpu: bool = False,
         sync: bool | str = True,
         keep_state: bool = True,
         keep: bool = False, name: str | None = None, idle_timeout: float | str = "1h",
@@ -166,7 +166,7 @@ class JaxCluster(KeptClusters):
         coordinator_port: int | None = None,
         coordinator: str | None = None,
         progress: Progress | None = None,
-        allow_version_skew: bool = False,
+        allow_version_skew: bool = False, allow_shared_gpu: bool = False,
         sync: bool | str = True,
     ) -> JaxCluster:
         """Attach to a controller and engines started elsewhere (``ipcluster start``, a job).
@@ -180,7 +180,8 @@ class JaxCluster(KeptClusters):
         already. ``stop`` then only disconnects; ``restart`` is refused.
         """
         cluster = cls(timeout=timeout, coordinator_port=coordinator_port, coordinator=coordinator,
-                      allow_version_skew=allow_version_skew, sync=sync)
+                      allow_version_skew=allow_version_skew,
+                      allow_shared_gpu=allow_shared_gpu, sync=sync)
         synced = cluster._checked_sync()
         options = cluster.options
         options.launcher = ATTACHED
@@ -311,9 +312,10 @@ class JaxCluster(KeptClusters):
         return self._require_running().status()
 
     def summary(self) -> str:
-        """``4 processes × 2 cpu devices = 8 global devices, ready in 5.2 s``."""
-        self._require_running()
-        return queries.summary(self.processes, self.startup_seconds, self.features_off)
+        """``4 processes × 2 cpu devices = 8 global devices, ready in 5.2 s``, and what each
+        process holds of its host's GPUs."""
+        notes = self._require_running().notes
+        return queries.summary(self.processes, self.startup_seconds, self.features_off, notes)
 
     def run(
         self, code: str, timeout: float | None = None, setup: bool = False,

@@ -278,6 +278,13 @@ OPTIONS: tuple[Option, ...] = (
         "differ from the notebook's (by default the start stops, naming the host).",
     ),
     Option(
+        "allow_shared_gpu", ("--allow-shared-gpu",), START_AND_CONNECT, Switch(),
+        default=False, annotation="bool", check=bool,
+        help="start although processes would share a GPU (by default the start stops where a "
+        "host has fewer GPUs than its processes take): for work that runs no collective "
+        "across processes, which NCCL refuses on a shared GPU.",
+    ),
+    Option(
         "sync", ("--sync",), START_AND_CONNECT, Text(), "DIR", default=True,
         annotation="bool | str", check=_sync_folder,
         help="the folder made importable on every process and their working directory: hosts "

@@ -56,6 +56,8 @@ class ClusterOptions:
     coordinator: str | None
     # --allow-version-skew: start although a host's software differs from the notebook's
     allow_version_skew: bool
+    # --allow-shared-gpu: start although processes would share a GPU (``gpus.py``)
+    allow_shared_gpu: bool
     # the folder made importable on every process (--sync DIR; default the working directory);
     # None: none (--no-sync)
     sync: str | None

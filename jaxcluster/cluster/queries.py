@@ -85,8 +85,9 @@ def array_layout(calls: ProcessCalls, name: str, process_index: int, timeout: fl
 
 
 def summary(processes: list[ProcessInfo], startup_seconds: float | None,
-            features_off: dict[str, str]) -> str:
-    """``4 processes × 2 cpu devices = 8 global devices, ready in 5.2 s``, and what is off."""
+            features_off: dict[str, str], notes: list[str] | None = None) -> str:
+    """``4 processes × 2 cpu devices = 8 global devices, ready in 5.2 s``, what each process
+    holds of its host's GPUs (``notes``), and what is off."""
     counts = {len(p.local_device_ids) for p in processes}
     platform = processes[0].platform
     total = sum(len(p.local_device_ids) for p in processes)
@@ -98,6 +99,8 @@ def summary(processes: list[ProcessInfo], startup_seconds: float | None,
     line = f"{len(processes)} {noun} × {per} = {total} global devices"
     if startup_seconds is not None:
         line += f", ready in {startup_seconds:.1f} s"
+    for note in notes or []:
+        line += f"\n{note}"
     for feature, why in features_off.items():
         line += f"\n{feature} is off: {why}"
     return line

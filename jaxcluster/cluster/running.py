@@ -49,6 +49,7 @@ class RunningCluster:
     here: set[int] = field(default_factory=set)
     # what the engines' JAX or IPython lacks, and why
     features_off: dict[str, str] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)  # what start says of the GPUs
     feed: HealthFeed = field(default_factory=HealthFeed)
     job: distributed.JaxProcesses | None = None  # as taken: a kept cluster's keeper keeps it
     _file_server: Any = None  # data.FileServer, made on first use
@@ -72,7 +73,7 @@ class RunningCluster:
         self.processes = job.processes
         self.coordinator = job.coordinator
         self.machines, self.here = job.machines, job.here
-        self.features_off = job.features_off
+        self.features_off, self.notes = job.features_off, job.notes
         self.calls.close()
         self.calls = ProcessCalls(
             self.client, {p.process_index: p.engine_id for p in job.processes}, job.inboxes)

@@ -15,7 +15,7 @@ import sys
 import time
 from typing import Any
 
-from . import imports, jax_internals
+from . import accelerators, imports, jax_internals
 from .topology import scheduler_topology
 
 # Where MPI implementations and Slurm put a process's rank; MPI's first, because mpiexec run
@@ -31,7 +31,7 @@ def identity(toward: str | None = None) -> dict[str, Any]:
     """Where this engine runs: its host (as named in --hosts where it was started by name),
     pid, the address other hosts reach it at (see ``reachable_address``), its launch rank, the
     JAX topology its scheduler gave it (``topology.py``), what tells its machine from another
-    (``host_facts``), and its software's ``versions``."""
+    (``host_facts``), its software's ``versions``, and the GPUs it sees (``accelerators.py``)."""
     return {
         "host": host_name(),
         "pid": os.getpid(),
@@ -40,6 +40,8 @@ def identity(toward: str | None = None) -> dict[str, Any]:
         "topology": scheduler_topology(),
         "facts": host_facts(),
         "versions": versions(),
+        "gpus": accelerators.visible_gpus(),
+        "gpu_view": accelerators.narrowing(),
     }
 
 
@@ -175,6 +177,7 @@ def initialize(
     bind_coordinator: bool = False,
     gpus: list[int] | None = None,
     inbox_dir: str | None = None,
+    platform: str | None = None,
 ) -> dict:
     """``jax.distributed.initialize`` this process and describe what it then sees.
 
@@ -183,8 +186,13 @@ def initialize(
     address only, not on all interfaces (JAX's default): it is unauthenticated.
     ``gpus``: the GPUs this process uses, where several processes share a host's GPUs.
     ``inbox_dir``: where to open its inbox, for a notebook on this host (``inbox.py``).
+    ``platform``: JAX's platform chosen at start (``cluster/gpus.py``: CPU devices where the
+    host has too few GPUs), set before any backend exists.
     """
     import jax
+
+    if platform is not None:
+        jax.config.update("jax_platforms", platform)
 
     _enable_cross_host_transfers(address or "127.0.0.1")
     if process_id != 0:

@@ -10,7 +10,6 @@ from .base import (
     LaunchPlan,
     LaunchRequest,
     engine_environment,
-    gpu_device_ids,
     split_launcher_args,
 )
 from .forked import FORKED_ENGINE_SET, ForkingLauncher
@@ -30,5 +29,5 @@ __all__ = [
     "ATTACHED", "ENTRY_POINT_GROUP", "FORKED_ENGINE_SET", "HEARTBEAT_MS", "LAUNCHERS",
     "ForkingLauncher", "LaunchPlan", "LaunchRequest", "Launcher",
     "LocalLauncher", "check_hosts_options", "check_launcher", "engine_environment",
-    "gpu_device_ids", "launcher_named", "launcher_names", "plan_launch", "split_launcher_args",
+    "launcher_named", "launcher_names", "plan_launch", "split_launcher_args",
 ]

@@ -25,8 +25,6 @@ from ...errors import ConfigError
 from ..host_sessions import ForkPlan
 from ..hosts import engines_by_host
 
-GPU_PLATFORMS = ("gpu", "cuda", "rocm")
-
 # The hub confirms an engine's registration only on the heartbeat after the engine's first
 # pong: one to two periods after the engine asked. ipyparallel's default period of 3 s makes
 # every start wait seconds for nothing and dead engines go unnoticed as long; even 300 ms left
@@ -143,21 +141,6 @@ def engine_environment(platform: str | None, devices_per_node: int | None) -> di
     if devices_per_node:
         env["JAX_NUM_CPU_DEVICES"] = str(devices_per_node)
     return env
-
-
-def gpu_device_ids(
-    platform: str | None, per_process: int | None, local_rank: int, processes_on_host: int
-) -> list[int] | None:
-    """The GPUs one process uses (``jax.distributed``'s ``local_device_ids``), or None for all.
-
-    JAX gives every process all the GPUs it sees, and NCCL refuses a GPU shared by two
-    processes; so processes that share a host take consecutive GPUs, ``per_process`` each
-    (default 1). mpiexec and srun need none of this: JAX reads their local rank itself.
-    """
-    if platform not in GPU_PLATFORMS or (processes_on_host == 1 and per_process is None):
-        return None
-    count = per_process or 1
-    return list(range(local_rank * count, (local_rank + 1) * count))
 
 
 def split_launcher_args(value: list[str] | str | None) -> list[str]:
