@@ -167,3 +167,52 @@ def test_this_machine_shows_no_gpu_and_a_cpu_cluster_says_nothing_of_gpus():
         [host] = hosts_of([0, 1], identities)
         assert (host.processes, host.gpus) == ([0, 1], [])
         assert identities[0]["gpu_view"] == "CUDA_VISIBLE_DEVICES=0"
+
+
+def shows_gpus(count: int):
+    """``distributed.hosts_of`` as it would be if this machine showed ``count`` H200s."""
+    from jaxcluster.cluster import distributed
+
+    real = distributed.hosts_of
+
+    def faked(engine_ids, identities):
+        return [Host(h.name, h.processes, [H200] * count, True)
+                for h in real(engine_ids, identities)]
+
+    return faked
+
+
+def test_a_start_that_a_host_has_too_few_gpus_for_is_refused_and_leaves_nothing(monkeypatch):
+    from jaxcluster.cluster import distributed
+    from tests.conftest import cluster_processes, wait_until_gone
+
+    monkeypatch.setattr(distributed, "hosts_of", shows_gpus(1))
+    cluster = JaxCluster(nodes=2, platform="cuda", timeout=60)
+    with pytest.raises(ConfigError) as refused:
+        cluster.start()
+    assert str(refused.value).startswith(f"Host {cluster_host()} shows 1 GPU ({H200}), and its 2 "
+                                         "processes need 2 for --platform cuda")
+    assert not cluster.running and cluster.cluster_id
+    left = cluster_processes(cluster.cluster_id)
+    assert wait_until_gone([p.pid for p in left], 10) == []
+
+
+def test_too_few_gpus_without_a_platform_start_on_cpu_devices_and_say_so(monkeypatch):
+    from jaxcluster.cluster import distributed
+
+    monkeypatch.setattr(distributed, "hosts_of", shows_gpus(1))
+    with JaxCluster(nodes=2, devices_per_node=2, timeout=60) as cluster:
+        first, notice = cluster.summary().splitlines()[:2]
+        assert first.startswith("2 processes × 2 cpu devices = 4 global devices")
+        assert notice.startswith(f"Host {cluster_host()} shows 1 GPU ({H200}) for 2 processes, "
+                                 "2 each (--devices-per-node): the processes run on 2 CPU "
+                                 "devices each instead.")
+        # set on every process before its backend started: JAX's choice would be the GPUs
+        ran = cluster.run("import jax\nprint(jax.config.jax_platforms, jax.default_backend())")
+        assert {p.stdout for p in ran.check().processes} == {"cpu cpu\n"}
+
+
+def cluster_host() -> str:
+    from jaxcluster.engine.process import host_name
+
+    return host_name()
