@@ -7,6 +7,7 @@ captures fds 1 and 2 into the cell's output. ``install`` makes each of fds 1 and
 of a pipe, read by a daemon thread that drops gloo's messages (``GlooFilter``, pure) and passes
 the rest on at once to what the fd was (ipykernel's capture). Only C-level writes go through it
 (``print`` writes to ``sys.stdout`` directly): gloo, XLA's logging, C extensions, subprocesses.
+On fd 2, JAX's C++ log is left out too, one line standing for it (``native_log.py``).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import re
 import select
 import threading
 
-from . import ipykernel_internals
+from . import ipykernel_internals, native_log
 
 DELAY = 0.02  # s of quiet after which bytes that might still become gloo's are passed on
 FORGET = 1.0  # s of quiet after which messages under way are given up (their writer is gone)
@@ -139,7 +140,8 @@ def filter_fd(fd: int) -> bool:
     kept, read_end, write_end = opened
     os.close(write_end)
     pipe = os.fstat(fd)
-    pump = threading.Thread(target=_pump, args=(read_end, kept), daemon=True,
+    native = native_log.NativeLogFilter() if fd == 2 and native_log.wanted() else None
+    pump = threading.Thread(target=_pump, args=(read_end, kept, native), daemon=True,
                             name=f"jaxcluster-chatter-{fd}")
     if not _filtered:
         atexit.register(_restore)
@@ -148,20 +150,27 @@ def filter_fd(fd: int) -> bool:
     return True
 
 
-def _pump(read_end: int, kept: int) -> None:
+def _pump(read_end: int, kept: int, native: native_log.NativeLogFilter | None) -> None:
     gloo = GlooFilter()
     poller = select.poll()  # not select.select: the pipe's fd may be above FD_SETSIZE
     poller.register(read_end, select.POLLIN)
+
+    def passed(data: bytes, flush: bool = False) -> bytes:
+        if native is None:
+            return data
+        return native.feed(data) + (native.flush() if flush else b"")
+
     while True:
-        quiet = DELAY if gloo.held else FORGET if gloo.under_way else None
+        waiting = gloo.held or (native is not None and native.pending)
+        quiet = DELAY if waiting else FORGET if gloo.under_way else None
         if not poller.poll(None if quiet is None else quiet * 1000):
-            _write(kept, gloo.flush(forget=quiet == FORGET))
+            _write(kept, passed(gloo.flush(forget=quiet == FORGET), flush=True))
             continue
         data = os.read(read_end, 1 << 16)
         if not data:
             break  # every write end closed: by ``_restore``, or ipykernel restoring its own
-        _write(kept, gloo.feed(data))
-    _write(kept, gloo.flush())
+        _write(kept, passed(gloo.feed(data)))
+    _write(kept, passed(gloo.flush(), flush=True))
     os.close(read_end)
 
 
