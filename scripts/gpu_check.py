@@ -37,14 +37,21 @@ def run_case(shell, title: str, start: str, cell: str, refused: bool) -> bool:
 
     print(f"\n=== {title}: %jax_cluster {start}", flush=True)
     with capture_output() as started:
-        shell.run_line_magic("jax_cluster", start)
-    said = started.stdout + started.stderr
+        try:
+            shell.run_line_magic("jax_cluster", start)
+        except Exception as e:  # a refusal: the magic's UsageError, as a notebook shows it
+            print(f"{type(e).__name__}: {e}")
+    said = started.stdout
     print(said.strip())
     running = "global devices" in said
     ok = running != refused
     if running:
         with capture_output() as ran:
-            shell.run_cell_magic("spmd", "", cell)
+            try:
+                shell.run_cell_magic("spmd", "", cell)
+            except Exception as e:  # a failed cell: SPMDError, shown as its report
+                render = getattr(e, "_render_traceback_", None)
+                print("\n".join(render()) if render else f"{type(e).__name__}: {e}")
         shown = ran.stdout + ran.stderr + "".join(
             o.data.get("text/plain", "") for o in ran.outputs)
         print(shown.strip())
