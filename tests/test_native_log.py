@@ -38,6 +38,12 @@ def test_a_dead_peers_records_become_one_line_once_the_log_pauses():
     assert not native.pending and native.flush() == b""
 
 
+def test_a_record_from_before_absls_clock_is_set_is_one_too():
+    native = NativeLogFilter()
+    assert native.feed(b"I0000 00:00:1700000000.000000 99 cpu_client.cc:7] 8 devices\n") == b""
+    assert native.flush() == SAID % (1, b"", b"8 devices")
+
+
 def test_a_fatal_record_is_said_at_once_with_its_trace_left_out():
     native = NativeLogFilter()
     said = native.feed(FATAL)

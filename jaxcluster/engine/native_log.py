@@ -17,7 +17,8 @@ import os
 import re
 
 SHOWN = "JAXCLUSTER_NATIVE_LOG"  # =cell: the log stays in the cells
-RECORD = re.compile(rb"^[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ [^\s\]]+:\d+\] ")
+# the time: hh:mm:ss.micros, or 00:00:SECONDS.micros where absl logs before its clock is set
+RECORD = re.compile(rb"^[IWEF]\d{4} \d\d:\d\d:\d+\.\d+ +\d+ [^\s\]]+:\d+\] ")
 NCCL_LINE = re.compile(rb"^\S+:\d+:\d+ \[\d+\] (?:\S+:\d+ )?NCCL ")
 SAID = 160  # characters of the last record's message in the line that stands for them
 
