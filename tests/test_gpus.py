@@ -95,6 +95,11 @@ def test_the_quick_start_on_a_one_gpu_host_runs_on_cpu_with_one_notice():
         "--devices-per-node 1 or fewer for GPUs of their own."]
 
 
+def test_the_notice_counts_one_cpu_device_as_one():
+    [notice] = plan(one_host(1, 2), None, 1, False, 1).notes
+    assert "the processes run on 1 CPU device each instead." in notice
+
+
 def test_without_a_gpu_plugin_jax_would_not_use_the_gpus_so_nothing_changes():
     made = plan(one_host(1, 4, plugin=False), None, None, False, 2)
     assert made.platform is None and made.notes == []

@@ -130,7 +130,8 @@ def _refusal(host: Host, per_process: int | None, platform: str) -> str:
 def _fallback(host: Host, per_process: int | None, cpu_devices: int) -> str:
     return (
         f"Host {host.name} shows {_counted(host)} for {len(host.processes)} processes, "
-        f"{_each(per_process)}: the processes run on {cpu_devices} CPU devices each instead. "
+        f"{_each(per_process)}: the processes run on {cpu_devices} CPU "
+        f"device{'' if cpu_devices == 1 else 's'} each instead. "
         "Give --platform cpu to choose that without this notice, or --platform cuda with "
         f"{_fix(host, per_process)} for GPUs of their own."
     )
