@@ -25,7 +25,6 @@ import os
 import shlex
 import shutil
 import signal
-import socket
 import string
 import subprocess
 import sys
@@ -342,7 +341,7 @@ def _host(
     )
     init: psutil.Process | None = None
     try:
-        _wait_for_port(address, 22, unshare, log.name)
+        _wait_until_listening(address, unshare, log.name)
         (init,) = psutil.Process(unshare.pid).children()
         yield init.pid
     finally:
@@ -357,15 +356,18 @@ def _host(
         log.close()
 
 
-def _wait_for_port(address: str, port: int, process: subprocess.Popen, log: str) -> None:
+def _wait_until_listening(address: str, process: subprocess.Popen, log: str) -> None:
+    """Until sshd says it listens on ``address``. Its log, not a probe's connection: sshd forks
+    a child for every connection, whenever the machine lets it, and one forked after
+    ``set_next_pid`` would shift that host's pids."""
+    listening = f"Server listening on {address} port 22"
     deadline = time.monotonic() + 15
     while time.monotonic() < deadline:
+        with open(log) as f:
+            said = f.read()
+        if listening in said:
+            return
         if process.poll() is not None:
-            with open(log) as f:
-                raise Unavailable(f"a namespace host did not start: {f.read().strip()}")
-        try:
-            with socket.create_connection((address, port), timeout=1):
-                return
-        except OSError:
-            time.sleep(0.1)
+            raise Unavailable(f"a namespace host did not start: {said.strip()}")
+        time.sleep(0.05)
     raise Unavailable(f"sshd on {address} did not listen within 15 s")
