@@ -130,6 +130,36 @@ def test_a_start_stuck_initializing_jax_ends_at_its_timeout(tmp_path) -> None:
                            GONE_SECONDS) == []
 
 
+DYING_INITIALIZE = textwrap.dedent(
+    """
+    import os
+    import jax.distributed
+
+    def initialize(*args, process_id=None, **kwargs):
+        if process_id == 0:  # as a failed check in JAX's C++ ends a process
+            os.write(2, b"process 0 gives up here\\n")
+            os.abort()
+
+    jax.distributed.initialize = initialize
+    """
+)
+
+
+def test_a_process_that_dies_initializing_jax_fails_the_start_with_what_it_said(tmp_path):
+    (tmp_path / "sitecustomize.py").write_text(DYING_INITIALIZE)
+    cluster = JaxCluster(nodes=2, devices_per_node=1, platform="cpu", timeout=60,
+                         engine_env={"PYTHONPATH": str(tmp_path)})
+    with pytest.raises(JaxClusterError) as info:
+        cluster.start()
+    message = str(info.value)
+    assert message.startswith("Could not initialize jax.distributed on process"), message
+    said = message.partition("The output of the processes that ended:")[2]
+    assert "process 0 gives up here" in said, message
+    assert f"exit code {-signal.SIGABRT}" in said, message
+    assert wait_until_gone([p.pid for p in cluster_processes(cluster.cluster_id)],
+                           GONE_SECONDS) == []
+
+
 CHILD = textwrap.dedent(
     f"""
     from jaxcluster import JaxCluster

@@ -75,12 +75,16 @@ def _settle(future: concurrent.futures.Future[None], _stop_data: Any) -> None:
 
 
 def exited_engine_output(
-    cluster: ipp.Cluster | None, reasons: Callable[[str], tuple[list[str], str]]
+    cluster: ipp.Cluster | None, reasons: Callable[[str], tuple[list[str], str]],
+    pids: set[int] | None = None,
 ) -> list[str]:
-    """A header and the last lines of output of each ended engine, for error messages, the
-    lines that ``reasons`` finds say why first (its launcher's ``output_reasons``)."""
+    """A header and the last lines of output of each ended engine (of those with ``pids``,
+    where given), for error messages, the lines that ``reasons`` finds say why first (its
+    launcher's ``output_reasons``)."""
     lines = []
     for data, output in exited_engines(cluster):
+        if pids is not None and data.get("pid") not in pids:
+            continue
         host, code = launch_host(data), data.get("exit_code")
         what = data.get("command", "engine")
         where = f" on {host}" if host else ""
@@ -91,6 +95,20 @@ def exited_engine_output(
         lines.extend(why)
         lines.extend(rest.strip().splitlines()[-15:])
     return lines
+
+
+def with_ended_output(launched: Any, identities: dict[int, Any], error: Exception) -> Exception:
+    """``error`` of a start, with the output of those of its engines that ended meanwhile (what
+    they said as they died: a failed check, a signal), where any did. ``launched``: the start's
+    ``bringup.Launched``; ``identities``: engine id -> the AsyncResult of each one's
+    ``engine.process.identity``."""
+    pids = {asked.get()["pid"] for asked in identities.values()
+            if asked.done() and asked.successful()}
+    lines = exited_engine_output(
+        launched.ipp_cluster, launched.launcher.output_reasons, pids)
+    if not lines:
+        return error
+    return type(error)(f"{error}\nThe output of the processes that ended:\n" + "\n".join(lines))
 
 
 def launch_host(stop_data: dict) -> str:

@@ -23,7 +23,7 @@ from ..contracts import ProcessInfo, ProcessStatus, Progress
 from ..data import Synced
 from ..errors import ConfigError, JaxClusterError, NoClusterError
 from ..render.labels import parse_targets
-from . import at_exit, attach, bringup, distributed, kept, queries
+from . import at_exit, attach, bringup, distributed, engine_sets, kept, queries
 from .event_loop import LoopThread
 from .health_feed import HealthFeed
 from .kept_clusters import KeptClusters
@@ -276,9 +276,8 @@ class JaxCluster(KeptClusters):
             )
         launched = self._launched_here()
         if self._running is None or launched is None:
-            raise NoClusterError(
-                "No cluster to restart. Start one with %jax_cluster start --nodes N."
-            )
+            raise NoClusterError("No cluster to restart. Start one with %jax_cluster start "
+                                 "--nodes N.")
         began = time.perf_counter()
         self.last_replay = self.last_carried = None
         carried = self._running.carry_out(self.timeout, progress) if keep_state else None
@@ -304,7 +303,6 @@ class JaxCluster(KeptClusters):
             self.last_carried = carried
         self._publish()
         return self
-
 
     def status(self) -> list[ProcessStatus]:
         """One row per JAX process: where it runs, whether it is idle, busy or dead, and its
@@ -435,7 +433,8 @@ class JaxCluster(KeptClusters):
             )
         except JaxClusterError as e:
             if time.monotonic() < deadline:
-                raise
+                raise engine_sets.with_ended_output(
+                    launched, registered.identities, e) from None
             # gather's per-process lines say where each process was
             raise bringup.overdue(self.options, what, str(e).partition("\n")[2] or str(e)) from None
         running.take(job)
