@@ -123,6 +123,9 @@ def test_a_start_stuck_initializing_jax_ends_at_its_timeout(tmp_path) -> None:
     assert message.startswith("Could not initialize jax.distributed: the start took longer "
                               f"than --timeout {INITIALIZE_TIMEOUT} s."), message
     assert "raise --timeout" in message
+    # where each process waited: process 0 on the stuck line, process 1 on process 0
+    assert f"  process 0: waiting in {tmp_path / 'sitecustomize.py'}:8 (initialize)" in message
+    assert "  process 1: waiting in " in message and "(_wait_for_coordinator)" in message
     # the timeout, not the minute initialize waits, ended it: however fast the machine
     assert took < STUCK_SECONDS / 2, (
         f"a start with --timeout {INITIALIZE_TIMEOUT} came back after {took:.1f} s")

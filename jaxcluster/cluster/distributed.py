@@ -19,7 +19,7 @@ from ..contracts import ProcessInfo, Progress
 from ..engine import process as _engine
 from ..errors import JaxClusterError, engine_error_message
 from . import gpus, topology, versions
-from .gather import MARGIN_SECONDS, gather
+from .gather import MARGIN_SECONDS, gather, where_unfinished
 from .hosts import split_host_port
 from .launchers import launcher_named
 from .options import DEFAULT_CPU_DEVICES, ClusterOptions
@@ -104,10 +104,12 @@ def initialize(
         for index, eid in enumerate(engine_ids)
     }
     hosts = {eid: identities[eid]["host"] for eid in engine_ids} if options.hosts else None
-    results = gather(
-        pending, engine_ids, "initialize jax.distributed", timeout, progress,
-        "JAX initialized", margin, hosts,
-    )
+    try:
+        results = gather(pending, engine_ids, "initialize jax.distributed", timeout, progress,
+                         "JAX initialized", margin, hosts)
+    except JaxClusterError as e:
+        lines = [str(e), *where_unfinished(client, pending, engine_ids)]
+        raise JaxClusterError("\n".join(lines)) from None
     job = _job(engine_ids, identities, results, options, coordinator)
     job.notes = gpu_plan.notes
     return job

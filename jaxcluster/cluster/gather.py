@@ -12,7 +12,9 @@ from typing import Any
 
 import ipyparallel as ipp
 
+from ..cells.process_calls import ProcessCalls
 from ..contracts import Progress
+from ..engine import calls
 from ..errors import JaxClusterError, engine_error_message
 from ..render.labels import awaited, process_label
 
@@ -21,6 +23,7 @@ from ..render.labels import awaited, process_label
 FAILURE_GRACE_SECONDS = 3
 # beyond the cluster's timeout: JAX's own start-up timeout is reported by the engines
 MARGIN_SECONDS = 10
+WHERE_SECONDS = 3  # for the processes that did not finish to say where they wait
 
 
 def gather(
@@ -103,3 +106,23 @@ def _report(
     elif stuck:
         lines.append(f"  {process_label(stuck)}: did not finish within {round(timeout, 2):g} s")
     return lines
+
+
+def where_unfinished(client: Any, pending: dict[int, Any], engine_ids: list[int]) -> list[str]:
+    """Where the main thread of each process whose ``pending`` call has not finished waits
+    (its innermost frame, asked over its back channel, which answers while it is busy), the
+    processes at one place together: a start that ran out of time says which line holds it."""
+    index_of = {eid: i for i, eid in enumerate(engine_ids)}
+    unfinished = {index_of[eid]: eid for eid, ar in pending.items() if not ar.done()}
+    if not unfinished:
+        return []
+    answers, _ = ProcessCalls(client, unfinished).call(unfinished, calls.where,
+                                                       timeout=WHERE_SECONDS)
+    places: dict[str, list[int]] = {}
+    for index in sorted(unfinished):
+        stack = (answers.get(index) or {}).get("stack") or []
+        place = ("in {}:{} ({})".format(*stack[-1]) if stack
+                 else f"somewhere it did not say within {WHERE_SECONDS} s")
+        places.setdefault(place, []).append(index)
+    return [f"  {process_label(indices)}: waiting {place}" for place, indices in places.items()]
+

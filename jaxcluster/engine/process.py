@@ -191,6 +191,11 @@ def initialize(
     """
     import jax
 
+    from . import backchannel
+
+    # before JAX's start-up, which may wait long: a start that runs out of time asks each
+    # process where it waits (``cluster/gather.py``); the session installs it again, later
+    backchannel.install()
     if platform is not None:
         jax.config.update("jax_platforms", platform)
 
