@@ -37,9 +37,8 @@ MARGIN_SECONDS = 30
 # seconds the hosts get to say who they are, when an error is named by host
 IDENTIFY_SECONDS = 5
 CONTROLLER_TRIES = 3  # starts of a controller that exits, or is silent, before it is ready
-# seconds a controller that runs gets to answer the client (it answers within a few on a loaded
-# machine) before another is started instead, but on the last try, which gets the rest of the
-# start's time
+# seconds a running controller gets to answer the client (within a few on a loaded machine)
+# before another is started instead, but on the last try, which gets the rest of the start's time
 ANSWER_SECONDS = 30
 STACKS_SECONDS = 2  # for a silent controller to write its threads' stacks
 
@@ -55,6 +54,7 @@ class Launched:
     # (forked_engines.py): opened with the controller, kept across restarts
     sessions: HostSessions | None = None
     client: ipp.Client | None = None
+    work_dir: str | None = None  # private to this start: the watchdog removes it too
     watchdog: subprocess.Popen | None = None
     # a kept cluster's keeper (``kept.Kept``), which holds the lines and outlives this kernel
     kept: Any = None
@@ -95,7 +95,8 @@ def plan(options: ClusterOptions, work_dir: str, kept: Any = None,
         sessions = HostSessions(launch.fork, {"IPP_CLUSTER_ID": cluster.cluster_id,
                                               "IPP_PROFILE_DIR": cluster.profile_dir},
                                 spawn=spawn, errors_dir=work_dir)
-    return Launched(cluster, launcher, launch.controller_ip, sessions, kept=kept)
+    return Launched(cluster, launcher, launch.controller_ip, sessions, kept=kept,
+                    work_dir=work_dir)
 
 
 def deadline_for(options: ClusterOptions) -> float:
@@ -127,13 +128,12 @@ def start_controller(
     deadline: float,
     progress: Progress | None = None,
 ) -> None:
-    """The watchdog (for when this process dies; first, so that it sees every process of the
-    cluster), the line to each host, whose forking process imports JAX meanwhile, the
-    controller, and a client of it."""
+    """The watchdog (for when this process dies; first, to see every process of the cluster),
+    the line to each host, whose forking process imports JAX meanwhile, controller and client."""
     cluster = launched.ipp_cluster
     launched.watchdog = watchdog.start(
         cluster.cluster_file, cluster.cluster_id, launched.launcher.name,
-        int(launched.kept.record["pid"]) if launched.kept else None)
+        int(launched.kept.record["pid"]) if launched.kept else None, launched.work_dir)
     if launched.sessions is not None:
         launched.sessions.progress = progress  # "hosts reached" comes meanwhile
         launched.sessions.open()

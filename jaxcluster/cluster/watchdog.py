@@ -5,12 +5,13 @@ atexit hook cannot run when the notebook's kernel is killed with SIGKILL. This s
 outlives its parent for exactly that case: it polls the parent and, when the parent has exited,
 kills every pid that ipyparallel's cluster file lists (controller and engines) and their children,
 and every local process whose environment names the cluster (``IPP_CLUSTER_ID``: engines launched
-before the cluster file listed them, e.g. when the parent died mid-launch). Engines on other
+before the cluster file listed them, e.g. when the parent died mid-launch), then removes the
+start's private folder (its inboxes, its launchers' files). Engines on other
 hosts end with the ssh session their host's forking process is reached through; the rest, a
 Slurm job say, is the cluster's launcher's to end (``Launcher.kill_leftovers``).
 
 Run as ``python -m jaxcluster.cluster.watchdog PARENT_PID PARENT_CREATE_TIME CLUSTER_FILE
-CLUSTER_ID LAUNCHER``.
+CLUSTER_ID LAUNCHER [WORK_DIR]``.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -147,14 +149,14 @@ def kill_cluster(
 
 
 def start(cluster_file: str, cluster_id: str, launcher: str,
-          parent: int | None = None) -> subprocess.Popen:
+          parent: int | None = None, work_dir: str | None = None) -> subprocess.Popen:
     """A watchdog for the cluster ``cluster_id`` (its file need not exist yet) that the
     launcher named ``launcher`` starts, watching this process (or ``parent``: a kept cluster's
-    keeper); start it before any process of the cluster."""
+    keeper), which removes ``work_dir`` too; start it before any process of the cluster."""
     me = psutil.Process(parent)
     return subprocess.Popen(
         [sys.executable, "-m", "jaxcluster.cluster.watchdog", str(me.pid), repr(me.create_time()),
-         cluster_file, cluster_id, launcher],
+         cluster_file, cluster_id, launcher, *([work_dir] if work_dir else [])],
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -173,9 +175,12 @@ def main(argv: list[str]) -> int:
     parent_pid, create_time, cluster_file = int(argv[0]), float(argv[1]), argv[2]
     cluster_id = argv[3] if len(argv) > 3 else None
     launcher = argv[4] if len(argv) > 4 else None
+    work_dir = argv[5] if len(argv) > 5 else None
     while parent_alive(parent_pid, create_time):
         time.sleep(POLL_SECONDS)
     kill_cluster(cluster_file, leftovers_of(launcher), cluster_id)
+    if work_dir:  # after the kill: an engine still running could write in it again
+        shutil.rmtree(work_dir, ignore_errors=True)
     return 0
 
 
