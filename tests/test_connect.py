@@ -61,6 +61,11 @@ def external(ipython_dir):
         deadline = time.monotonic() + 120
         while not url_file.exists() and time.monotonic() < deadline:
             time.sleep(0.2)
+        # its controller has read them. The global test shell, when first made in this module,
+        # keeps this profile for the rest of the process, and ipyparallel gives every later
+        # cluster the shell's profile: each would bind these same ports (three later files of
+        # one worker failed so, "Address already in use")
+        (profile / "ipcontroller_config.py").unlink()
         with ipp.Client(str(url_file), timeout=60) as client:
             client.wait_for_engines(4, timeout=120)
             pids = client[:].apply_sync(os.getpid)
