@@ -3,6 +3,8 @@ writes, as recorded from a real one, then the real case on a cluster."""
 
 from __future__ import annotations
 
+import signal
+
 import pytest
 
 from jaxcluster import JaxCluster
@@ -79,9 +81,15 @@ for i in range(100):
     f(x).block_until_ready()
 """, timeout=90)
         survivor = result.processes[1]
-        assert survivor.error is not None  # JAX's own exception says what failed
+        # JAX's own exception says what failed; or JAX's coordination service saw the death
+        # first, and its fatal record ended the process: which comes first is JAX's timing
+        aborted = survivor.reason == f"died (signal {int(signal.SIGABRT)})"
+        assert survivor.error is not None or aborted, survivor
         lines = survivor.stderr.splitlines()
+        # (nothing, where the process ended before its pump thread passed its records on)
         if shown:
-            assert any(" coordination_service_agent.cc:" in line for line in lines), lines
-        else:
-            assert len(lines) == 1 and lines[0].startswith("[JAX's C++ log: "), lines
+            assert (aborted and not lines) or any(
+                " coordination_service_agent.cc:" in line for line in lines), lines
+        else:  # one line for them all
+            assert len(lines) == 1 or (aborted and not lines), lines
+            assert all(line.startswith("[JAX's C++ log: ") for line in lines), lines
