@@ -310,16 +310,20 @@ def kernel_manager(kernel_name: str):
     The sockets' names are the kernel's own: jupyter_client's default is one relative name.
     Its clients send every cell with ``stop_on_error=False``: ipykernel replies to a failed
     cell before it starts turning away the requests queued behind it, so a cell sent at once
-    after the reply may come back 'aborted'. A person never sends that fast; the suite does."""
+    after the reply may come back 'aborted'. A person never sends that fast; the suite does.
+    The runtime folder is made here if missing: nothing else makes it before the kernel binds
+    there (a fresh home has none until a Jupyter server or another kernel has run)."""
     import uuid
 
     from jupyter_client import BlockingKernelClient, KernelManager
     from jupyter_core.paths import jupyter_runtime_dir
+    from jupyter_core.utils import ensure_dir_exists
 
     class QueueKeepingClient(BlockingKernelClient):
         def execute(self, code: str, *args, **kwargs) -> str:
             return super().execute(code, *args, **{**kwargs, "stop_on_error": False})
 
+    ensure_dir_exists(jupyter_runtime_dir(), 0o700)
     sockets = os.path.join(jupyter_runtime_dir(), f"kernel-{uuid.uuid4().hex}")
     return KernelManager(kernel_name=kernel_name, transport="ipc", ip=sockets,
                          client_factory=QueueKeepingClient)
