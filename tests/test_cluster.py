@@ -18,7 +18,7 @@ import jaxcluster.engine
 from jaxcluster import ConfigError, JaxCluster, JaxClusterError, NoClusterError
 from jaxcluster.cluster import engine_sets
 from jaxcluster.cluster.launchers import HEARTBEAT_MS
-from jaxcluster.engine.__main__ import SHELL_IMPORTS
+from jaxcluster.engine.__main__ import FIRST_LOWERING_IMPORTS, SHELL_IMPORTS
 from jaxcluster.engine.bootstrap import FORK_ARG
 from tests.conftest import cluster_processes, wait_until_gone
 from tests.ports import free_port
@@ -85,10 +85,10 @@ def test_local_engines_are_forked_from_one_process_that_imported_jax(cluster):
     # its own garbage as any Python process does
     result = cluster.run("import gc\nprint(gc.isenabled(), gc.get_freeze_count() > 100_000)")
     assert {p.stdout for p in result.check().processes} == {"True True\n"}
-    # what every engine imports as it starts (our engine side, the shell's own imports) and as
-    # it draws its first traceback was imported once, before the fork: frozen with the rest, so
-    # not among what gc tracks
-    names = [*SHELL_IMPORTS, "stack_data", "pygments.lexers.python", *(
+    # what every engine imports as it starts (our engine side, the shell's own imports), as JAX
+    # lowers its first computation and as it draws its first traceback was imported once,
+    # before the fork: frozen with the rest, so not among what gc tracks
+    names = [*SHELL_IMPORTS, *FIRST_LOWERING_IMPORTS, "stack_data", "pygments.lexers.python", *(
         m.name for m in pkgutil.iter_modules(jaxcluster.engine.__path__, "jaxcluster.engine.")
         if not m.name.endswith("__main__"))]
     result = cluster.run(textwrap.dedent(f"""\

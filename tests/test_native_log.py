@@ -86,10 +86,13 @@ for i in range(100):
         aborted = survivor.reason == f"died (signal {int(signal.SIGABRT)})"
         assert survivor.error is not None or aborted, survivor
         lines = survivor.stderr.splitlines()
-        # (nothing, where the process ended before its pump thread passed its records on)
+        # nothing, where the process ended before its pump thread passed its records on, or
+        # where its own collective failed (gloo saw the peer's socket close) before the
+        # coordination service wrote any: JAX's timing again
+        if not lines:
+            return
         if shown:
-            assert (aborted and not lines) or any(
-                " coordination_service_agent.cc:" in line for line in lines), lines
+            assert any(" coordination_service_agent.cc:" in line for line in lines), lines
         else:  # one line for them all
-            assert len(lines) == 1 or (aborted and not lines), lines
-            assert all(line.startswith("[JAX's C++ log: ") for line in lines), lines
+            assert len(lines) == 1, lines
+            assert lines[0].startswith("[JAX's C++ log: "), lines

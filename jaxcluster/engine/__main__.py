@@ -63,8 +63,9 @@ def main() -> None:
 
 def _import_what_every_engine_needs() -> None:
     """Once, before the engines are forked, instead of in each: ipyparallel's kernel, this
-    package's engine side, what IPython's shell imports as it starts (``SHELL_IMPORTS``), the
-    versions every engine reports, and what a process's first traceback builds."""
+    package's engine side, what IPython's shell imports as it starts (``SHELL_IMPORTS``) and
+    JAX at its first lowering (``FIRST_LOWERING_IMPORTS``), the versions every engine reports,
+    and what a process's first traceback builds."""
     import importlib
     import pkgutil
 
@@ -76,8 +77,8 @@ def _import_what_every_engine_needs() -> None:
     for module in pkgutil.iter_modules(engine.__path__, f"{engine.__name__}."):
         if not module.name.endswith("__main__"):
             importlib.import_module(module.name)
-    for name in SHELL_IMPORTS:
-        with contextlib.suppress(ImportError):  # another IPython's; imported later if needed
+    for name in (*SHELL_IMPORTS, *FIRST_LOWERING_IMPORTS):
+        with contextlib.suppress(ImportError):  # another version's; imported later if needed
             importlib.import_module(name)
     engine.process.versions()
     ipython_internals.draw_one_traceback()
@@ -88,6 +89,8 @@ def _import_what_every_engine_needs() -> None:
 SHELL_IMPORTS = ("IPython.core.oinspect", "IPython.core.completerlib",
                  "IPython.extensions.storemagic", "sqlite3", "bdb", "encodings.idna",
                  "tornado.platform.asyncio")
+# what JAX imports as it lowers its first computation (MLIR's dialects; no backend, no thread)
+FIRST_LOWERING_IMPORTS = ("jaxlib.mlir.dialects.mhlo", "jaxlib.mlir.dialects.builtin")
 
 
 def _take_host_name() -> None:
