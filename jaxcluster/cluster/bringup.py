@@ -260,8 +260,9 @@ def start_engines(
     deadline: float,
 ) -> Registered:
     """Start the engines; done once all have registered. A controller that exits meanwhile
-    (``controller.py``: its heart monitor failed) is replaced, and the engines started again
-    for the new one, ``CONTROLLER_TRIES`` times; ``launched.client`` is then the new one's."""
+    (``controller.py``: a part of it could not bind its port) is replaced, and the engines
+    started again for the new one, ``CONTROLLER_TRIES`` times; ``launched.client`` is then the
+    new one's."""
     attempt = 1
     while (registered := _engines_registered(launched, options, loop, progress, deadline)) is None:
         failure, account = _exited(launched.ipp_cluster)

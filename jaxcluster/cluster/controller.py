@@ -5,28 +5,34 @@ their CPU) and frozen afterwards, so that the controller's collections leave the
 numpy, and with the installed entry points read once (``engine/imports.py``). On SIGUSR1 it
 writes every thread's stack to its output (``bringup.py`` asks one that does not answer).
 
-ipyparallel runs the heart monitor as this process's child (also with ``--usethreads``), and
-draws its ports by binding and letting go of them, so another process may take one before the
-heart monitor binds it. A heart monitor that failed leaves a controller that accepts every
-registration and completes none: the controller exits instead, and ``bringup.py`` starts
-another, which draws new ports."""
+ipyparallel draws the controller's ports by binding and letting go of them, so another process
+may take one before the part that serves it binds it: the heart monitor (this process's child,
+also with ``--usethreads``) or a queue or scheduler (a thread of this process). A controller
+with such a part missing accepts every registration and then completes none (no heart
+monitor), or never delivers a request to its engines, or delivers their replies elsewhere (a
+queue's port held by another cluster's controller, which the engines then reach): the
+controller exits instead, and ``bringup.py`` starts another, which draws new ports."""
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import faulthandler
 import gc
 import os
 import signal
 import sys
+import threading
 
 from ..engine import imports
 
-HEART_MONITOR_FAILED = 3  # the controller's exit status when its heart monitor failed
+PART_FAILED = 3  # the controller's exit status when one of its parts could not start
 
 
 def main() -> None:
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     signal.signal(signal.SIGCHLD, _exit_if_the_heart_monitor_failed)
+    threading.excepthook = _exit_if_a_port_was_taken
     gc.disable()
     with imports.without("numpy"), imports.entry_points_read_once():
         from ipyparallel.controller.app import main as controller_main
@@ -44,7 +50,31 @@ def _exit_if_the_heart_monitor_failed(*_: object) -> None:
         return
     print(f"The controller's heart monitor (pid {ended.si_pid}) exited with status "
           f"{ended.si_status}: the controller exits too.", file=sys.stderr, flush=True)
-    os._exit(HEART_MONITOR_FAILED)
+    os._exit(PART_FAILED)
+
+
+def _exit_if_a_port_was_taken(args: threading.ExceptHookArgs) -> None:
+    """A queue's or scheduler's thread that could not bind its port (``zmq.ZMQError`` carries
+    the system's errno) ends the controller; any other thread's failure is only written."""
+    threading.__excepthook__(args)
+    if getattr(args.exc_value, "errno", None) != errno.EADDRINUSE:
+        return
+    name = args.thread.name if args.thread is not None else "?"
+    print(f"The controller's thread {name!r} could not bind its port: the controller exits "
+          "too.", file=sys.stderr, flush=True)
+    _end_the_children()
+    os._exit(PART_FAILED)
+
+
+def _end_the_children() -> None:
+    """Kill this process's children (the heart monitor), which would outlive an exit that runs
+    no clean-up, holding their ports and the output's pipe; one forked meanwhile ends at once."""
+    import psutil
+
+    os.register_at_fork(after_in_child=lambda: os._exit(PART_FAILED))
+    for child in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            child.kill()
 
 
 if __name__ == "__main__":
