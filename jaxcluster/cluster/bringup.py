@@ -260,9 +260,8 @@ def start_engines(
     deadline: float,
 ) -> Registered:
     """Start the engines; done once all have registered. A controller that exits meanwhile
-    (``controller.py``: a part of it could not bind its port) is replaced, and the engines
-    started again for the new one, ``CONTROLLER_TRIES`` times; ``launched.client`` is then the
-    new one's."""
+    (``controller.py``: a part's port was taken) is replaced, and the engines started again
+    for the new one, ``CONTROLLER_TRIES`` times; ``launched.client`` is then the new one's."""
     attempt = 1
     while (registered := _engines_registered(launched, options, loop, progress, deadline)) is None:
         failure, account = _exited(launched.ipp_cluster)
