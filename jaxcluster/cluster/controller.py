@@ -9,9 +9,8 @@ ipyparallel draws the controller's ports by binding and letting go of them, so a
 may take one before the part that serves it binds it: the heart monitor (this process's child,
 also with ``--usethreads``) or a queue or scheduler (a thread of this process). A controller
 with such a part missing accepts every registration and then completes none (no heart
-monitor), or never delivers a request to its engines, or delivers their replies elsewhere (a
-queue's port held by another cluster's controller, which the engines then reach): the
-controller exits instead, and ``bringup.py`` starts another, which draws new ports."""
+monitor) or never delivers a request to its engines (no queue): the controller exits
+instead, and ``bringup.py`` starts another, which draws new ports."""
 
 from __future__ import annotations
 
