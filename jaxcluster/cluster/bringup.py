@@ -25,7 +25,7 @@ from ..contracts import Progress
 from ..engine import process as _engine
 from ..errors import JaxClusterError
 from ..render.labels import awaited
-from . import engine_sets, watchdog
+from . import controller, engine_sets, watchdog
 from .event_loop import LoopThread
 from .host_sessions import HostSessions
 from .hosts import engines_by_host
@@ -37,8 +37,7 @@ MARGIN_SECONDS = 30
 # seconds the hosts get to say who they are, when an error is named by host
 IDENTIFY_SECONDS = 5
 CONTROLLER_TRIES = 3  # starts of a controller that exits, or is silent, before it is ready
-# seconds a running controller gets to answer the client (within a few on a loaded machine)
-# before another is started instead, but on the last try, which gets the rest of the start's time
+# for a serving controller to answer the client, but on the last try (the rest of the start's)
 ANSWER_SECONDS = 30
 STACKS_SECONDS = 2  # for a silent controller to write its threads' stacks
 
@@ -158,7 +157,8 @@ def _controller_and_client(launched: Launched, options: ClusterOptions, loop: Lo
         if not last:
             bound = min(bound, ANSWER_SECONDS)
         try:
-            launched.client = loop.run(cluster.connect_client(timeout=bound), bound, what)
+            left = controller.wait_until_serving(cluster.controller, bound)
+            launched.client = loop.run(cluster.connect_client(timeout=max(left, 1)), bound, what)
             return
         except (RuntimeError, TimeoutError) as e:  # JaxClusterError: no answer within bound
             ended = _has_exited(cluster.controller)

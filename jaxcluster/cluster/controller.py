@@ -10,7 +10,9 @@ may take one before the part that serves it binds it: the heart monitor (this pr
 also with ``--usethreads``) or a queue or scheduler (a thread of this process). A controller
 with such a part missing accepts every registration and then completes none (no heart
 monitor) or never delivers a request to its engines (no queue): the controller exits
-instead, and ``bringup.py`` starts another, which draws new ports."""
+instead, and ``bringup.py`` starts another, which draws new ports. It writes its connection
+files before its queues bind, so the client waits until every port they name is listened on
+(``wait_until_serving``): a client connected to one that then exits waits its whole timeout."""
 
 from __future__ import annotations
 
@@ -18,13 +20,21 @@ import contextlib
 import errno
 import faulthandler
 import gc
+import json
 import os
 import signal
 import sys
 import threading
+import time
+from collections.abc import Iterable
+from typing import Any
 
 from ..engine import imports
 
+# the connection files' keys that name a port (or, for the broadcast schedulers, a list)
+PORT_KEYS = ("registration", "control", "mux", "task", "iopub", "hb_ping", "hb_pong",
+             "notification", "broadcast")
+POLL_SECONDS = 0.02
 PART_FAILED = 3  # the controller's exit status when one of its parts could not start
 
 
@@ -74,6 +84,45 @@ def _end_the_children() -> None:
     for child in psutil.Process().children(recursive=True):
         with contextlib.suppress(psutil.Error):
             child.kill()
+
+
+def wait_until_serving(launcher: Any, seconds: float) -> float:
+    """Wait until the controller that ipyparallel's ``launcher`` started (and its children)
+    listen on every port its connection files name, until it has ended, or ``seconds``,
+    whichever comes first: the seconds left, or a ``RuntimeError`` where it ended."""
+    import psutil
+
+    deadline = time.monotonic() + seconds
+    wanted: set[int] | None = None  # read once both files are whole
+    while time.monotonic() < deadline:
+        try:
+            process = psutil.Process(launcher.pid)
+            if process.status() == psutil.STATUS_ZOMBIE:
+                raise psutil.NoSuchProcess(launcher.pid)
+            wanted = wanted or _ports(launcher.connection_files.values())
+            listening = {c.laddr.port for p in [process, *process.children(recursive=True)]
+                         for c in p.net_connections("tcp") if c.status == psutil.CONN_LISTEN}
+        except psutil.NoSuchProcess:
+            raise RuntimeError("the controller exited before it served its ports") from None
+        except psutil.Error:
+            break
+        except (OSError, ValueError):  # a file not yet (wholly) written
+            listening = set()
+        if wanted is not None and wanted <= listening:
+            break
+        time.sleep(POLL_SECONDS)
+    return max(0.0, deadline - time.monotonic())
+
+
+def _ports(connection_files: Iterable[str]) -> set[int]:
+    ports: set[int] = set()
+    for path in connection_files:
+        with open(path) as file:
+            info = json.load(file)
+        for key in PORT_KEYS:
+            value = info.get(key, [])
+            ports.update(value if isinstance(value, list) else [value])
+    return ports
 
 
 if __name__ == "__main__":
