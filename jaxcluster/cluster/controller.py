@@ -89,12 +89,16 @@ def _end_the_children() -> None:
 def wait_until_serving(launcher: Any, seconds: float) -> float:
     """Wait until the controller that ipyparallel's ``launcher`` started (and its children)
     listen on every port its connection files name, until it has ended, or ``seconds``,
-    whichever comes first: the seconds left, or a ``RuntimeError`` where it ended."""
+    whichever comes first: the seconds left, or a ``RuntimeError`` where it ended (raised once
+    ipyparallel has noted the end too, so that its exit status is known)."""
     import psutil
 
     deadline = time.monotonic() + seconds
     wanted: set[int] | None = None  # read once both files are whole
+    ended = False
     while time.monotonic() < deadline:
+        if ended and not launcher.running:
+            raise RuntimeError("the controller exited before it served its ports")
         try:
             process = psutil.Process(launcher.pid)
             if process.status() == psutil.STATUS_ZOMBIE:
@@ -103,7 +107,7 @@ def wait_until_serving(launcher: Any, seconds: float) -> float:
             listening = {c.laddr.port for p in [process, *process.children(recursive=True)]
                          for c in p.net_connections("tcp") if c.status == psutil.CONN_LISTEN}
         except psutil.NoSuchProcess:
-            raise RuntimeError("the controller exited before it served its ports") from None
+            ended, listening = True, set()
         except psutil.Error:
             break
         except (OSError, ValueError):  # a file not yet (wholly) written
