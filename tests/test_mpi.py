@@ -112,6 +112,15 @@ def test_mpi_starts_on_this_machine_with_no_launcher_args(cluster):
 
 @needs_mpiexec
 @pytest.mark.cluster
+def test_ranks_run_without_a_nanny_beside_them(cluster):
+    # ipyparallel's nanny is a whole Python process per rank, and nothing here uses it
+    found = {p.pid: " ".join(p.cmdline()) for p in cluster_processes(cluster.cluster_id)}
+    assert {p.pid for p in cluster.processes} <= set(found)
+    assert [c for c in found.values() if "ipyparallel.engine.nanny" in c] == []
+
+
+@needs_mpiexec
+@pytest.mark.cluster
 def test_mpiexec_that_refuses_says_why_first_and_the_flag_that_fixes_it():
     cluster = mpi_cluster(launcher_args="--nooversubscribe", nodes=os.cpu_count() + 2)
     with pytest.raises(JaxClusterError, match="exited before registering") as failure:

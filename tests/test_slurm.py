@@ -69,7 +69,9 @@ def test_batch_script_and_sbatch_command(fake_sbatch, tmp_path):
     assert launcher.args == [fake_sbatch, *options, launcher.batch_file]
     assert "#SBATCH --ntasks=4\n" in script
     assert "#SBATCH --export=ALL\n" in script  # the engines' JAX_* variables reach srun's tasks
-    assert script.rstrip().endswith(f"srun {sys.executable} -m jaxcluster.engine")
+    # no nanny beside each task (launchers/base.py's NO_NANNY)
+    assert script.rstrip().endswith(
+        f"srun {sys.executable} -m jaxcluster.engine --IPEngine.enable_nanny=False")
     assert launcher.get_env()["JAX_PLATFORMS"] == "cpu"
 
 

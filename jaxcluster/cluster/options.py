@@ -24,12 +24,12 @@ from .option_table import checked_keywords
 
 DEFAULT_NODES = 4
 DEFAULT_CPU_DEVICES = 2
-# What one local JAX CPU process costs, its engine and any nanny beside it, rounded up for
-# what user code first allocates (how it was measured: docs/performance.md, *Limits*).
+# What one local JAX CPU process costs, rounded up for what user code first allocates (how it
+# was measured: docs/performance.md, *Limits*).
 MIB_PER_PROCESS = 256
 # the controller and its schedulers, once per cluster
 MIB_PER_CLUSTER = 256
-# threads count against RLIMIT_NPROC and pid_max: XLA's pools in the engine, a few in a nanny
+# threads count against RLIMIT_NPROC and pid_max: XLA's pools in the engine, and a few more
 TASKS_PER_PROCESS = 40
 
 T = TypeVar("T")

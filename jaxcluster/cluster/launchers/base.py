@@ -39,6 +39,10 @@ HEARTBEAT_MISSES = DEAD_AFTER_MS // HEARTBEAT_MS
 STOP_SECONDS_UNTIL_KILL = 1
 
 ENGINE_CMD = [sys.executable, "-m", "jaxcluster.engine"]
+# No nanny process beside any engine: ipyparallel's costs a whole Python process per engine,
+# and what it offers is not used here (calls and interrupts go over the back channel, an
+# engine's end is seen by its engine set and the heart monitor)
+NO_NANNY = "--IPEngine.enable_nanny=False"
 CONTROLLER_CMD = [sys.executable, "-m", "jaxcluster.cluster.controller"]  # ipyparallel's, gc off
 
 # runs a coroutine of an ipyparallel cluster on the loop that drives it
@@ -182,6 +186,7 @@ def shared_plan(
     reach, not loopback: the callers choose it.
     """
     engine_set.engine_cmd = ENGINE_CMD
+    engine_set.engine_args = [NO_NANNY]
     engine_set.environment = dict(request.environment)
     config.LocalControllerLauncher.stop_seconds_until_kill = STOP_SECONDS_UNTIL_KILL
     config.LocalControllerLauncher.controller_cmd = CONTROLLER_CMD

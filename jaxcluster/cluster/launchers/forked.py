@@ -9,6 +9,7 @@ from traitlets.config import Config
 from ..host_sessions import ForkPlan, HostReach
 from .base import (
     ENGINE_CMD,
+    NO_NANNY,
     STOP_SECONDS_UNTIL_KILL,
     Launcher,
     LaunchPlan,
@@ -17,7 +18,6 @@ from .base import (
 )
 
 FORKED_ENGINE_SET = "jaxcluster.cluster.forked_engines.ForkedEngineSetLauncher"
-NO_NANNY = "--IPEngine.enable_nanny=False"
 NO_CONTROLLER_WATCH = "--IPEngine.max_heartbeat_misses=0"
 
 
@@ -45,11 +45,9 @@ class ForkingLauncher(Launcher):
         engine_set.stop_seconds_until_kill = STOP_SECONDS_UNTIL_KILL
         plan = shared_plan(FORKED_ENGINE_SET, engine_set, config, request,
                            request.ip or self.controller_ip(request, hosts))
-        # no nanny process beside each engine: it costs a whole Python process per engine and
-        # would relay every back-channel request through one more process; each host's forking
-        # process sees its engines end. Nor does each engine watch the controller's heartbeat,
-        # which would wake its Python at every beat, idle engines too (docs/performance.md): its
-        # forking process ends it with the cluster
+        # no nanny (NO_NANNY): each host's forking process sees its engines end. Nor does each
+        # engine watch the controller's heartbeat, which would wake its Python at every beat,
+        # idle engines too (docs/performance.md): its forking process ends it with the cluster
         plan.fork = ForkPlan(hosts, [*ENGINE_CMD, NO_NANNY, NO_CONTROLLER_WATCH],
                              reach, dict(request.environment))
         return plan
