@@ -104,16 +104,15 @@ def wait_until_serving(launcher: Any, seconds: float) -> float:
             if process.status() == psutil.STATUS_ZOMBIE:
                 raise psutil.NoSuchProcess(launcher.pid)
             wanted = wanted or _ports(launcher.connection_files.values())
-            listening = {c.laddr.port for p in [process, *process.children(recursive=True)]
-                         for c in p.net_connections("tcp") if c.status == psutil.CONN_LISTEN}
+            if wanted <= {c.laddr.port for p in [process, *process.children(recursive=True)]
+                          for c in p.net_connections("tcp") if c.status == psutil.CONN_LISTEN}:
+                break
         except psutil.NoSuchProcess:
-            ended, listening = True, set()
+            ended = True
         except psutil.Error:
             break
         except (OSError, ValueError):  # a file not yet (wholly) written
-            listening = set()
-        if wanted is not None and wanted <= listening:
-            break
+            pass
         time.sleep(POLL_SECONDS)
     return max(0.0, deadline - time.monotonic())
 
