@@ -242,6 +242,23 @@ def test_an_array_deleted_on_its_owner_is_said(shell):
     assert "[process 0]" in report
 
 
+def test_an_owner_asked_for_a_device_it_does_not_hold_names_what_it_holds(shell):
+    """A reader and an owner that disagree on where an array lies (a read of process 0's
+    device from process 1) get the owner's devices in the answer, not a bare device id."""
+    text, _ = run_spmd(shell, """
+from jaxcluster.engine import shards, values
+asked = jax.device_put(jnp.arange(8.), NamedSharding(mesh8, P(('x', 'y'))))
+if jax.process_index() == 0:
+    try:
+        shards.fetch(1, values.key_of(asked), [(0, [(0, 1)], [(0, 1)])], np.empty(1, np.float32))
+    except shards.OwnerError as e:
+        print(e.why)
+""")
+    assert text.strip() == (
+        "[process 0]\nits array of that number holds no shard on device 0 (this is process 1, "
+        "its shards are on devices [2048, 2049, 2050, 2051])")
+
+
 def test_the_owner_killed_mid_read_is_said_within_5_s(shell):
     text, _ = run_spmd(shell, "import os; print(os.getpid())")
     pid = int(per_process(text)[1])

@@ -126,12 +126,19 @@ def _serve(conn: socket.socket) -> None:
 
 def _boxes(request: dict[str, Any]) -> list[Any]:
     """Each requested box, as NumPy, from this process's shards of the named array."""
+    import jax
+
     arr = values.made(request["key"], MAKE_TIMEOUT)
     try:
         shards = {shard.device.id: shard for shard in arr.addressable_shards}
         found = []
         for device_id, box in request["boxes"]:
-            shard = shards[device_id]
+            shard = shards.get(device_id)
+            if shard is None:  # the reader and this process disagree on the array's layout
+                raise LookupError(
+                    f"its array of that number holds no shard on device {device_id} (this is "
+                    f"process {jax.process_index()}, its shards are on devices "
+                    f"{sorted(shards)})")
             starts = [index.indices(n)[0]
                       for index, n in zip(shard.index, arr.shape, strict=True)]
             local = tuple(slice(a - s, b - s) for (a, b), s in zip(box, starts, strict=True))
