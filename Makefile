@@ -109,12 +109,16 @@ lint: $(STAMP)
 # the set-up's independent steps at once (two venvs' installs, the panel's build, the checks);
 # then the core suite on the oldest JAX beside the whole suite, in one process of its own: it
 # mostly waits on hangs, which the whole suite's workers fill. Its report, kept in
-# $(OLDEST_LOG) meanwhile, follows the whole suite's; make test fails if either failed.
+# $(OLDEST_LOG) meanwhile, follows the whole suite's, and the whole suite's failures and count
+# come again last, where a log's tail shows them; make test fails if either failed.
 test: setup-for-tests
 	mkdir -p $(dir $(OLDEST_LOG))
 	$(OLDEST_PYTEST) -n 0 > $(OLDEST_LOG) 2>&1 & \
-		beside=$$!; $(PYTEST); whole=$$?; wait $$beside; oldest=$$?; \
-		cat $(OLDEST_LOG); exit $$(( whole || oldest ))
+		beside=$$!; { $(PYTEST); echo $$? > $(WHOLE_RC); } 2>&1 | tee $(WHOLE_LOG); \
+		wait $$beside; oldest=$$?; whole=$$(cat $(WHOLE_RC)); cat $(OLDEST_LOG); \
+		echo "The whole suite (its report: $(WHOLE_LOG)):"; \
+		grep -E '^(FAILED|ERROR) |^=+ .*[0-9]+ (passed|failed|error)' $(WHOLE_LOG); \
+		exit $$(( whole || oldest ))
 
 setup-for-tests:
 	$(MAKE) --no-print-directory -j4 $(PANEL) $(OLDEST_STAMP) system-deps lint
@@ -128,6 +132,8 @@ test-quick: $(STAMP)
 OLDEST_PYTEST = IPP_NONINTERACTIVE=1 $(OLDEST)/bin/python -m pytest \
 	-o addopts="-ra --strict-markers" $(PYTEST_ARGS) $(CORE_TESTS)
 OLDEST_LOG := test-artifacts/oldest-jax.log
+WHOLE_LOG := test-artifacts/whole-suite.log
+WHOLE_RC := test-artifacts/whole-suite.rc
 test-oldest-jax: $(OLDEST_STAMP)
 	$(OLDEST_PYTEST) -n $(WORKERS) --dist load
 
