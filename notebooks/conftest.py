@@ -4,20 +4,51 @@ nbval 0.11 records ``display_data`` but drops ``update_display_data``, while a n
 JupyterLab or nbclient holds every display as last updated: the start progress bar replaced by
 its summary line, a running ``%%spmd`` cell's live status replaced by its gathered output.
 Applying the updates makes nbval compare what a reader of the notebook sees.
+
+nbval also sends each kernel's own output to /dev/null; here it goes to a file that a kernel
+which does not answer at its start leaves in ``test-artifacts/``, named in the error.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import tempfile
+from pathlib import Path
 from typing import Any
 
+import nbval.kernel
 import pytest
 from nbformat import NotebookNode
 from nbval.plugin import IPyNbCell
 
+ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
+
 # ipyparallel's headless mode; the kernels nbval starts inherit it (--nbval-current-env)
 os.environ.setdefault("IPP_NONINTERACTIVE", "1")
+
+
+def _kernel_output_kept_on_failure(start: Any) -> Any:
+    """nbval's ``start_new_kernel``, the kernel's stderr in a file kept where it fails."""
+
+    def started(*args: Any, **kwargs: Any) -> Any:
+        ARTIFACTS.mkdir(exist_ok=True)
+        with tempfile.NamedTemporaryFile("w", dir=ARTIFACTS, prefix="nbval-kernel-",
+                                         suffix=".log", delete=False) as log:
+            kwargs["stderr"] = log
+            try:
+                found = start(*args, **kwargs)
+            except RuntimeError as e:
+                raise RuntimeError(f"{e}; the kernel's own output is in {log.name}") from e
+        os.unlink(log.name)  # the kernel keeps writing to the file it was given
+        return found
+
+    started.wraps = start  # type: ignore[attr-defined]
+    return started
+
+
+if not hasattr(nbval.kernel.start_new_kernel, "wraps"):
+    nbval.kernel.start_new_kernel = _kernel_output_kept_on_failure(nbval.kernel.start_new_kernel)
 
 
 class _AppliedDisplayUpdates:
