@@ -323,11 +323,14 @@ def test_the_keeper_acts_only_on_messages_signed_with_the_kept_clusters_key(name
 
 def test_a_kernel_that_attached_restarts_the_cluster_keeping_its_state(name: str) -> None:
     """The lines are taken over from the keeper: fresh engines on them, the state carried,
-    and the next kernel to attach finds the new engines and the setup cells."""
+    and the next kernel to attach finds the new engines and the setup cells. The keeper still
+    names the start's work folder after those restarts, and removes it at the stop."""
     from jaxcluster.cluster import kept
 
     kill(start_kept(name, 120))
     cluster = JaxCluster.attach(name, force=True)  # the killed kernel may not be let go yet
+    folder = kept.Kept.named(name).info["work_dir"]
+    assert folder and os.path.isdir(folder)
     try:
         assert cluster.run("configured = 7", setup=True).ok  # told to the keeper at once
         assert [c.code for c in kept.decode(kept.Kept.named(name).info["setup_cells"])] == [
@@ -348,7 +351,9 @@ def test_a_kernel_that_attached_restarts_the_cluster_keeping_its_state(name: str
         again.restart()  # without the state: the setup cells replayed
         assert [p.stdout for p in again.run("print(configured, 'x' in globals())").processes
                 ] == ["7 False\n"] * 2
+        assert kept.Kept.named(name).info["work_dir"] == folder
         again.stop()
+        assert not os.path.exists(folder)
     finally:
         with contextlib.suppress(ConfigError, JaxClusterError):
             cluster.stop()

@@ -23,12 +23,15 @@ LAST_CELL_WAIT = 2.0  # seconds an attach waits for the processes to say how the
 
 def publish(kept: Kept, running: RunningCluster, options: ClusterOptions,
             cluster_id: str | None, setup_cells: list[Any]) -> None:
-    """What another kernel needs to drive the cluster, told to its keeper."""
+    """What another kernel needs to drive the cluster, told to its keeper. A kernel that
+    attached holds no work folder (``attach``): the keeper keeps the one it was told, which it
+    removes when the cluster ends and a restart from that kernel puts its files in."""
     launched = running.launched
     assert launched is not None and running.job is not None
+    folder = {"work_dir": running.work_dir} if running.work_dir else {}
     kept.update(
         cluster_file=launched.ipp_cluster.cluster_file, cluster_id=cluster_id,
-        profile_dir=launched.ipp_cluster.profile_dir, work_dir=running.work_dir,
+        profile_dir=launched.ipp_cluster.profile_dir, **folder,
         nodes=len(running.processes),
         devices=sum(len(p.local_device_ids) for p in running.processes),
         hosts=sorted({p.host for p in running.processes}),
