@@ -246,12 +246,32 @@ def started(**options) -> Iterator:
         yield c
 
 
+# what a cluster's watchdog takes to end the rest and remove the start's folder once the
+# process that started it is gone (it looks every half second)
+WATCHDOG_SECONDS = 30
+
+
 def kill_leftovers(cluster_id: str | None) -> None:
     """Kill what still runs of the cluster ``cluster_id`` (none: nothing was started); a process
-    that ends between the listing and its kill is gone, as wanted."""
+    that ends between the listing and its kill is gone, as wanted. A watchdog whose starter is
+    gone (a kernel killed) is let finish first: killed, it would leave the start's folder."""
+    found = cluster_processes(cluster_id) if cluster_id else []
+    wait_until_gone([p.pid for p in found if _orphaned_watchdog(p)], WATCHDOG_SECONDS)
     for proc in cluster_processes(cluster_id) if cluster_id else []:
         with contextlib.suppress(psutil.NoSuchProcess):
             proc.kill()
+
+
+def _orphaned_watchdog(proc: psutil.Process) -> bool:
+    """Whether ``proc`` is a cluster's watchdog whose starter has ended (its first argument)."""
+    try:
+        args = proc.cmdline()
+        if "jaxcluster.cluster.watchdog" not in args:
+            return False
+        starter = args[args.index("jaxcluster.cluster.watchdog") + 1]
+        return not _alive(int(starter))
+    except (psutil.Error, IndexError, ValueError):
+        return False
 
 
 @pytest.fixture
