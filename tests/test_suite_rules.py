@@ -81,3 +81,13 @@ def test_the_installed_packages_keep_the_set_ups_constraints():
     assert bounds
     assert [f"{b.name} {version(b.name)}" for b in bounds
             if not b.specifier.contains(version(b.name), prereleases=True)] == []
+
+
+def test_the_suites_ipython_folder_is_the_runs_own_not_the_users():
+    """The suite's shells and kernels write their history in a folder of the run (``conftest.py``
+    at the top), which its own IPython processes find through ``IPYTHONDIR``."""
+    from IPython.paths import get_ipython_dir
+
+    folder = Path(get_ipython_dir())
+    assert folder.name.startswith("jaxcluster-suite-ipython-"), folder
+    assert folder.resolve() != (Path.home() / ".ipython").resolve()
