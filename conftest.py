@@ -1,5 +1,7 @@
 """What every test of the suite shares, ``tests/`` and the tutorials under nbval alike.
 
+ipyparallel's headless mode, which the kernels and engines the tests start inherit.
+
 The suite's IPython shells, kernels and engines keep their IPython folder (history, profiles)
 in one of the run's own, never in the user's ``~/.ipython``: a run's thousands of test cells
 would fill the history the user's own IPython shows, and every process of the run would
@@ -12,6 +14,8 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+
+os.environ.setdefault("IPP_NONINTERACTIVE", "1")
 
 _MADE_BY = "JAXCLUSTER_SUITE_IPYTHONDIR_OF"  # the pid that made the run's folder
 

@@ -11,6 +11,7 @@ which does not answer at its start leaves in ``test-artifacts/``, named in the e
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import tempfile
@@ -24,13 +25,10 @@ from nbval.plugin import IPyNbCell
 
 ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
 
-# ipyparallel's headless mode; the kernels nbval starts inherit it (--nbval-current-env)
-os.environ.setdefault("IPP_NONINTERACTIVE", "1")
-
-
 def _kernel_output_kept_on_failure(start: Any) -> Any:
     """nbval's ``start_new_kernel``, the kernel's stderr in a file kept where it fails."""
 
+    @functools.wraps(start)
     def started(*args: Any, **kwargs: Any) -> Any:
         ARTIFACTS.mkdir(exist_ok=True)
         with tempfile.NamedTemporaryFile("w", dir=ARTIFACTS, prefix="nbval-kernel-",
@@ -43,11 +41,10 @@ def _kernel_output_kept_on_failure(start: Any) -> Any:
         os.unlink(log.name)  # the kernel keeps writing to the file it was given
         return found
 
-    started.wraps = start  # type: ignore[attr-defined]
     return started
 
 
-if not hasattr(nbval.kernel.start_new_kernel, "wraps"):
+if not hasattr(nbval.kernel.start_new_kernel, "__wrapped__"):
     nbval.kernel.start_new_kernel = _kernel_output_kept_on_failure(nbval.kernel.start_new_kernel)
 
 

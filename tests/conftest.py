@@ -16,9 +16,6 @@ from contextlib import contextmanager
 import psutil
 import pytest
 
-os.environ.setdefault("IPP_NONINTERACTIVE", "1")
-
-
 # The files that take longest (`pytest --durations=0`, summed per file), begun first so that
 # pytest-xdist's workers, each given whole files, end together; the rest follow in
 # pytest-randomly's order. The first two: one that mostly waits (on other hosts, on gloo's own
@@ -255,9 +252,11 @@ def kill_leftovers(cluster_id: str | None) -> None:
     """Kill what still runs of the cluster ``cluster_id`` (none: nothing was started); a process
     that ends between the listing and its kill is gone, as wanted. A watchdog whose starter is
     gone (a kernel killed) is let finish first: killed, it would leave the start's folder."""
-    found = cluster_processes(cluster_id) if cluster_id else []
-    wait_until_gone([p.pid for p in found if _orphaned_watchdog(p)], WATCHDOG_SECONDS)
-    for proc in cluster_processes(cluster_id) if cluster_id else []:
+    if not cluster_id:
+        return
+    watchdogs = [p.pid for p in cluster_processes(cluster_id) if _orphaned_watchdog(p)]
+    wait_until_gone(watchdogs, WATCHDOG_SECONDS)
+    for proc in cluster_processes(cluster_id):
         with contextlib.suppress(psutil.NoSuchProcess):
             proc.kill()
 

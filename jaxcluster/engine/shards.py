@@ -126,8 +126,6 @@ def _serve(conn: socket.socket) -> None:
 
 def _boxes(request: dict[str, Any]) -> list[Any]:
     """Each requested box, as NumPy, from this process's shards of the named array."""
-    import jax
-
     arr = values.made(request["key"], MAKE_TIMEOUT)
     try:
         shards = {shard.device.id: shard for shard in arr.addressable_shards}
@@ -135,6 +133,8 @@ def _boxes(request: dict[str, Any]) -> list[Any]:
         for device_id, box in request["boxes"]:
             shard = shards.get(device_id)
             if shard is None:  # the reader and this process disagree on the array's layout
+                import jax
+
                 raise LookupError(
                     f"its array of that number holds no shard on device {device_id} (this is "
                     f"process {jax.process_index()}, its shards are on devices "
