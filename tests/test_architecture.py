@@ -113,7 +113,8 @@ def squeeze(text: str) -> str:
 
 
 def test_the_top_level_is_the_public_surface_and_concerns_are_folders():
-    assert FOLDERS == ["cells", "cluster", "data", "engine", "notebook", "panel", "render"]
+    assert FOLDERS == ["cells", "cluster", "data", "engine", "link", "notebook", "panel",
+                       "render"]
     top = sorted(path.name for path in PACKAGE.glob("*.py"))
     assert len(top) <= 4, top
 

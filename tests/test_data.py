@@ -290,35 +290,35 @@ def test_a_push_across_hosts_assigns_everywhere_or_puts_every_old_value_back(rea
         spmd(ready, "_d.stage_file = _sees_files")
 
 
-def test_a_push_on_this_host_goes_through_the_inboxes_not_ipyparallel(ready):
-    """Every process here maps the value's file and is told so through its inbox: the push
+def test_a_push_on_this_host_goes_over_the_link_not_ipyparallel(ready):
+    """Every process here maps the value's file and is told so over the link: the push
     sends ipyparallel nothing."""
     sent_before = len(ready.client.history)
-    transfer = ready.push("through_inboxes", np.arange(5))
+    transfer = ready.push("over_the_link", np.arange(5))
     assert len(ready.client.history) == sent_before
     assert transfer.shared_memory == {0, 1, 2, 3}
-    assert on_engines(ready, "through_inboxes.tolist()") == ["[0, 1, 2, 3, 4]"] * 4
+    assert on_engines(ready, "over_the_link.tolist()") == ["[0, 1, 2, 3, 4]"] * 4
 
 
-def test_a_process_whose_inbox_is_gone_gets_the_push_through_its_back_channel(ready):
-    """Process 1's inbox cannot be reached (its socket file moved away): it is sent the same
+def test_a_process_whose_link_is_gone_gets_the_push_through_its_back_channel(ready):
+    """Process 1's link cannot be reached (its socket file moved away): it is sent the same
     call through its back channel (``cells.process_calls``), and still maps the file."""
-    path = ready.calls.inboxes.path(1)
+    path = ready.calls.link.endpoint(1).removeprefix("ipc://")
     os.rename(path, path + ".moved")
-    ready.calls.inboxes.close()  # what the notebook had connected stays connected otherwise
+    ready.calls.link.close()  # what the notebook had connected stays connected otherwise
     try:
         sent_before = len(ready.client.history)
-        transfer = ready.push("around_inbox", np.arange(4))
+        transfer = ready.push("around_the_link", np.arange(4))
         assert len(ready.client.history) == sent_before  # no ipyparallel request
         assert transfer.shared_memory == {0, 1, 2, 3}
-        assert on_engines(ready, "around_inbox.tolist()") == ["[0, 1, 2, 3]"] * 4
+        assert on_engines(ready, "around_the_link.tolist()") == ["[0, 1, 2, 3]"] * 4
     finally:
         os.rename(path + ".moved", path)
 
 
-def test_a_value_of_thousands_of_arrays_is_announced_through_the_back_channel(ready):
-    """Too many buffers to name in one inbox message: the same call goes through the back
-    channel, and the processes still map the file."""
+def test_a_value_of_thousands_of_arrays_is_announced_in_one_message(ready):
+    """Thousands of buffers named in one message of the link (a Unix socket's one packet
+    could not hold them): the processes map the file, with no ipyparallel request."""
     leaves = [np.full(3, i) for i in range(6000)]
     sent_before = len(ready.client.history)
     transfer = ready.push("leaves", leaves)
@@ -329,7 +329,7 @@ def test_a_value_of_thousands_of_arrays_is_announced_through_the_back_channel(re
 
 
 def test_a_push_waits_for_the_cell_running_on_a_process(ready, tmp_path):
-    """An inbox is served between requests, never beside a cell: a push sent while process 3
+    """A link is served between requests, never beside a cell: a push sent while process 3
     sleeps in a cell assigns after that cell, which still saw the old value."""
     spmd(ready, "during = 'before'")
     started = tmp_path / "started"

@@ -195,7 +195,7 @@ def test_a_notebook_killed_mid_launch_leaves_nothing(tmp_path) -> None:
         psutil.Process(pid).kill()
     print(f"killed with {engines} engine processes up; all gone after {gone_after:.1f} s")
     assert alive == []
-    # the watchdog removes the start's folder (its inboxes, its launchers' files) after them
+    # the watchdog removes the start's folder (its links' sockets, its launchers' files) after them
     deadline = time.monotonic() + GONE_SECONDS
     while (left := sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("jaxcluster-"))
            ) and time.monotonic() < deadline:

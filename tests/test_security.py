@@ -115,20 +115,53 @@ def test_local_engines_coordinator_and_transfers_are_on_loopback_and_no_nanny(cl
     assert all(p.ppid() not in engines for p in psutil.process_iter())
 
 
-def test_local_engines_inboxes_are_unix_sockets_only_their_owner_reaches(cluster):
-    """Each engine's inbox (push's way in on this host) is its only Unix socket that listens,
-    in the cluster's directory that only its owner can enter."""
+def test_local_engines_links_are_unix_sockets_only_their_owner_reaches(cluster):
+    """Each engine's end of the link (cells' and push's way in on this host) is its only Unix
+    socket that listens, in the cluster's directory that only its owner can enter."""
     for proc in cluster.processes:
         listening = {
             c.laddr for c in psutil.Process(proc.pid).net_connections(kind="unix")
             if c.laddr and c.status in ("LISTEN", psutil.CONN_NONE)
         }
-        path = cluster.calls.inboxes.path(proc.process_index)
+        path = cluster.calls.link.endpoint(proc.process_index).removeprefix("ipc://")
         assert path in listening, listening
         assert {p for p in listening if not p.startswith("@")} == {path}  # "@": abstract
         assert stat.S_ISSOCK(os.stat(path).st_mode)
         assert _mode(os.path.dirname(path)) == 0o700
         assert os.stat(os.path.dirname(path)).st_uid == os.getuid()
+
+
+def test_garbage_and_silent_connections_on_every_link_leave_the_running_cell_whole(cluster):
+    """While a cell prints on every process: 64 KiB of random bytes at each engine's link,
+    random ZMQ frames, and a connection held open that says nothing. The cell's output comes
+    back whole on every process, and the next cell runs."""
+    import threading
+
+    paths = [cluster.calls.link.endpoint(p.process_index).removeprefix("ipc://")
+             for p in cluster.processes]
+    done: list = []
+    cell = threading.Thread(target=lambda: done.append(cluster.run(
+        "import time\nfor i in range(4):\n    print(i, flush=True)\n    time.sleep(0.2)")))
+    cell.start()
+    held = []
+    try:
+        for path in paths:
+            silent, garbage = socket.socket(socket.AF_UNIX), socket.socket(socket.AF_UNIX)
+            silent.connect(path)
+            garbage.connect(path)
+            garbage.sendall(os.urandom(64 * 1024))
+            frames = zmq.Context.instance().socket(zmq.DEALER)
+            frames.linger = 0
+            frames.connect(f"ipc://{path}")
+            frames.send_multipart([os.urandom(n) for n in (1, 64, 4096)])
+            frames.send_multipart([b"<IDS|MSG>", b"0" * 64, b"{}", b"{}", b"{}", b"{}"])
+            held += [silent, garbage, frames]
+        cell.join(60)
+        assert [p.stdout for p in done[0].processes] == ["0\n1\n2\n3\n"] * len(paths)
+        assert [p.stdout for p in cluster.run("print('next')").processes] == ["next\n"] * len(paths)
+    finally:
+        for conn in held:
+            conn.close()
 
 
 def test_local_gloo_listens_on_loopback(cluster):

@@ -249,9 +249,10 @@ def test_interrupt_of_processes_stuck_in_a_collective_recovers(ip, cluster):
     _assert_recovered(ip, cluster, old)
 
 
-def test_a_cell_here_reaches_every_process_through_its_inbox_not_ipyparallel(ip, cluster):
-    """Every process listens on an inbox on this host: the cell, its output, its value and its
-    error (named by the notebook's cell number) come back without an ipyparallel request."""
+def test_a_cell_here_reaches_every_process_over_the_link_not_ipyparallel(ip, cluster):
+    """Every process listens on its end of the link on this host: the cell, its output, its
+    value and its error (named by the notebook's cell number) come back without an ipyparallel
+    request."""
     sent_before, filed_before = len(cluster.client.history), len(cluster.client.metadata)
     text, _ = spmd(ip, "print('I am', jax.process_index())\njax.process_index() * 10")
     assert "\n".join(f"[process {i}]\nI am {i}" for i in range(4)) in text
@@ -264,15 +265,15 @@ def test_a_cell_here_reaches_every_process_through_its_inbox_not_ipyparallel(ip,
     assert len(cluster.client.metadata) == filed_before  # the client forgot each cell's records
 
 
-def test_a_cell_never_runs_on_another_process_whose_inbox_a_path_leads_to(ip, cluster):
-    """Process 1's inbox path leads to process 2's engine (as when two hosts' engines share a
-    folder and a pid): that engine greets with its own id, so process 1 is sent the cell
-    through its back channel, and every process runs its own cell, once."""
-    paths = {p.process_index: cluster.calls.inboxes.path(p.process_index)
+def test_a_cell_never_runs_on_another_process_whose_link_a_path_leads_to(ip, cluster):
+    """Process 1's link path leads to process 2's engine (as when two hosts' engines share a
+    folder and a pid): that engine refuses the hello for process 1's, so process 1 is sent the
+    cell through its back channel, and every process runs its own cell, once."""
+    paths = {p.process_index: cluster.calls.link.endpoint(p.process_index).removeprefix("ipc://")
              for p in cluster.processes}
     os.rename(paths[1], paths[1] + ".moved")
     os.symlink(paths[2], paths[1])
-    cluster.calls.inboxes.close()
+    cluster.calls.link.close()
     try:
         sent_before = len(cluster.client.history)
         text, _ = spmd(ip, "import os\nprint(jax.process_index(), os.getpid())")
@@ -282,7 +283,7 @@ def test_a_cell_never_runs_on_another_process_whose_inbox_a_path_leads_to(ip, cl
     finally:
         os.remove(paths[1])
         os.rename(paths[1] + ".moved", paths[1])
-        cluster.calls.inboxes.close()
+        cluster.calls.link.close()
 
 
 def test_a_cell_that_awaits_at_top_level_runs_on_every_process(ip):

@@ -14,18 +14,9 @@ import concurrent.futures
 from typing import Any
 
 from ..engine.backchannel import REQUEST
+from ..link import NO_ANSWER, CallError
 
 Replies = tuple[dict[int, Any], dict[int, str]]  # answers and errors, by process index
-NO_ANSWER = "no answer within"  # how the error of a call not answered in time begins
-
-
-class CallError(Exception):
-    """A call an engine refused or failed: ``Type: message`` from the engine, or why the
-    notebook got no answer; ``lost``: its engine is gone (it died, or is not registered)."""
-
-    def __init__(self, message: str, lost: bool = False) -> None:
-        super().__init__(message)
-        self.lost = lost
 
 
 class BackChannel:

@@ -2,7 +2,7 @@
 a ``%%spmd`` cell runs, with the same lockstep, hang evidence, interrupt and recovery, and its
 values in process order.
 
-The function and its arguments cannot ride in the cell's code (the inbox and the back channel
+The function and its arguments cannot ride in the cell's code (the link and the back channel
 carry JSON, never pickles), so ipyparallel carries them as ``View.apply`` would: pushed into
 each process's namespace under one private name, called by a one-line cell, the values pulled
 back the same way, and the names removed.

@@ -4,8 +4,8 @@ process, one error (``CallError``) and one timeout, whichever route each process
 The route is picked per process and per call:
 
 - a call of the engine's registry that runs on the main thread (``engine/calls.py``, ``MAIN``:
-  a cell, a push's file) goes through the process's inbox when it has one on this host that
-  greeted this notebook, and the request fits in one message (``inboxes.py``);
+  a cell, a push's file) goes over the link (``jaxcluster.link``, signed with the cluster's
+  key) to a process on this host whose end of it this notebook reached;
 - any other call of the registry (and those) through its back channel, on any host, answered
   while the process may be busy (``backchannel.py``);
 - a function outside the registry, or arguments that are not JSON (arrays, pickled values),
@@ -22,23 +22,22 @@ from typing import Any
 from ipyparallel.error import EngineError, RemoteError
 
 from ..engine import calls as registry
-from ..engine import inbox
 from ..errors import engine_error_message
-from .backchannel import NO_ANSWER, BackChannel, CallError, Replies, collect
-from .inboxes import Inboxes, Pending
+from ..link import NO_ANSWER, CallError, Link
+from .backchannel import BackChannel, Replies, collect
 
 Request = tuple[Callable[..., Any], tuple[Any, ...]]  # an engine function and its arguments
-INBOX, BACK_CHANNEL, IPYPARALLEL = "inbox", "back channel", "ipyparallel"  # the routes
+LINK, BACK_CHANNEL, IPYPARALLEL = "link", "back channel", "ipyparallel"  # the routes
 
 
 class Sent:
     """Calls on their way: ``answers`` (by process index) resolve as the answers come; ``finish``
     lets go of what the routes keep for them, once the caller waited enough."""
 
-    def __init__(self, answers: dict[int, concurrent.futures.Future], inboxes: Inboxes,
-                 pending: Pending, client: Any, msg_ids: list[str]) -> None:
+    def __init__(self, answers: dict[int, concurrent.futures.Future], link: Link,
+                 client: Any, msg_ids: list[str]) -> None:
         self.answers = answers
-        self._inboxes, self._pending = inboxes, pending
+        self._link = link
         self._client, self._msg_ids = client, msg_ids
 
     def wait(self, timeout: float | None) -> bool:
@@ -47,7 +46,7 @@ class Sent:
         return not late
 
     def finish(self) -> None:
-        self._inboxes.finish(self._pending)  # a late answer is never read as the next call's
+        self._link.forget(self.answers)  # a late answer is dropped
         done = [m for m in self._msg_ids if m not in self._client.outstanding]
         if done:
             self._client.purge_local_results(jobs=done)  # the replies, and what they hold
@@ -55,33 +54,31 @@ class Sent:
 
 class ProcessCalls:
     """Calls to one cluster's processes; ``engine_ids``: process index -> its ipyparallel
-    registration; ``inboxes``: process index -> its inbox on this host and the engine id that
-    must answer there."""
+    registration; ``link``: the notebook's end of the link to those on this host."""
 
     def __init__(self, client: Any = None, engine_ids: dict[int, int] | None = None,
-                 inboxes: dict[int, tuple[str, int]] | None = None) -> None:
+                 link: Link | None = None) -> None:
         self._client = client
         self.engine_ids = dict(engine_ids or {})
-        self.inboxes = Inboxes(inboxes)
+        self.link = link or Link(b"", {})
         self.backchannel = BackChannel(client, self.engine_ids)
 
     def start(self, requests: dict[int, Request]) -> Sent:
         """Send each process its call, each by its route."""
-        near: dict[int, bytes] = {}
+        near: dict[int, dict[str, Any]] = {}
         far: dict[int, tuple[str, list[Any]]] = {}
         applied: dict[int, concurrent.futures.Future] = {}
         msg_ids: list[str] = []
         for process, (function, args) in requests.items():
-            route, message = self._route(process, function, args)
+            route = self.route(process, function, *args)
             if route == IPYPARALLEL:
                 applied[process] = self._apply(process, function, args, msg_ids)
-            elif route == INBOX:
-                near[process] = message
+            elif route == LINK:
+                near[process] = {"call": function.__name__, "args": list(args)}
             else:
                 far[process] = (function.__name__, list(args))
-        pending = self.inboxes.start(near)
-        answers = {**pending.answers, **self.backchannel.start(far), **applied}
-        return Sent(dict(sorted(answers.items())), self.inboxes, pending, self._client, msg_ids)
+        answers = {**self.link.start(near), **self.backchannel.start(far), **applied}
+        return Sent(dict(sorted(answers.items())), self.link, self._client, msg_ids)
 
     def ask(self, requests: dict[int, Request], timeout: float) -> Replies:
         """Each process's call at once; one that does not answer within ``timeout`` fails."""
@@ -101,22 +98,16 @@ class ProcessCalls:
         self.start({p: (function, args) for p in processes})
 
     def close(self) -> None:
-        self.inboxes.close()
+        self.link.close()
 
     def route(self, process: int, function: Callable[..., Any], *args: Any) -> str:
-        """How ``function(*args)`` would reach ``process``: ``INBOX``, ``BACK_CHANNEL`` or
+        """How ``function(*args)`` would reach ``process``: ``LINK``, ``BACK_CHANNEL`` or
         ``IPYPARALLEL``."""
-        return self._route(process, function, args)[0]
-
-    def _route(self, process: int, function: Callable[..., Any],
-               args: tuple[Any, ...]) -> tuple[str, bytes]:
-        message = _message(function, args)
-        if message is None:
-            return IPYPARALLEL, b""
-        if (registry.MAIN.get(function.__name__) is function
-                and len(message) <= inbox.MAX_MESSAGE and self.inboxes.accepts(process)):
-            return INBOX, message
-        return BACK_CHANNEL, message
+        if not _registered(function, args):
+            return IPYPARALLEL
+        if registry.MAIN.get(function.__name__) is function and self.link.accepts(process):
+            return LINK
+        return BACK_CHANNEL
 
     def _apply(self, process: int, function: Callable[..., Any], args: tuple[Any, ...],
                msg_ids: list[str]) -> concurrent.futures.Future:
@@ -136,15 +127,16 @@ def timed_out(error: str) -> bool:
     return error.startswith(NO_ANSWER)
 
 
-def _message(function: Callable[..., Any], args: tuple[Any, ...]) -> bytes | None:
-    """The JSON request of a registry's call; None for what only ipyparallel can carry."""
+def _registered(function: Callable[..., Any], args: tuple[Any, ...]) -> bool:
+    """Whether the call is the registry's with JSON arguments; else only ipyparallel carries it."""
     name = function.__name__
     if registry.MAIN.get(name) is not function and registry.CONTROL.get(name) is not function:
-        return None
+        return False
     try:
-        return json.dumps({"call": name, "args": list(args)}).encode()
+        json.dumps(list(args))
     except (TypeError, ValueError):
-        return None
+        return False
+    return True
 
 
 def _settle(answer: concurrent.futures.Future, done: Any) -> None:

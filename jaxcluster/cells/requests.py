@@ -2,11 +2,10 @@
 watcher reads while it runs.
 
 Each engine runs the cell between requests, as its next cell (``engine/cells.run_cell``), asked
-through the process-call layer (``process_calls.py``): its inbox where it runs on this host
-(``engine/inbox.py``), its back channel elsewhere (``engine/backchannel.py``) or when the cell
-is too large for one inbox message.
+through the process-call layer (``process_calls.py``): over the link where it runs on this host
+(``engine/link_end.py``), its back channel elsewhere (``engine/backchannel.py``).
 ipyparallel's execute request would cost a round trip through the controller with the busy,
-input and idle messages around it, most of a trivial cell's cost: asked through the inboxes,
+input and idle messages around it, most of a trivial cell's cost: asked over the link,
 ``x = 1`` took 0.13 of ``%%px`` at 16 and 64 processes. It would also never answer a cell that
 awaits at top level, which the engine runs here as a task on its event loop. The cell's output
 still goes out on iopub, under a header of the notebook's own ipyparallel session
@@ -26,7 +25,7 @@ from typing import Any, Protocol
 from ipyparallel.error import RemoteError
 
 from ..engine import cells
-from .backchannel import CallError
+from ..link import CallError
 from .handle import ClusterHandle
 from .live import Relay
 
@@ -163,7 +162,7 @@ class _Cell:
     def interrupt(self, processes: list[int]) -> dict[int, concurrent.futures.Future]:
         """SIGINT to the cell on each of ``processes`` (``engine/cells.interrupt``), on the
         control thread: one whose request has not reached its process's main thread yet (the
-        inbox is another path) never runs. Each engine's answer says which it was."""
+        link is another path) never runs. Each engine's answer says which it was."""
         return self.calls.start({p: (cells.interrupt, (self.msg_ids[p],))
                                  for p in processes}).answers
 

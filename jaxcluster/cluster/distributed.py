@@ -31,8 +31,8 @@ class JaxProcesses:
 
     processes: list[ProcessInfo]
     coordinator: str | None = None  # None when JAX was initialized before we came
-    # process index -> its inbox on this host and the engine id that answers there
-    inboxes: dict[int, tuple[str, int]] = field(default_factory=dict)
+    # process index -> its link's endpoint on this host and the engine id that answers there
+    links: dict[int, tuple[str, int]] = field(default_factory=dict)
     # by process index: the machine it runs on (``engine.process.machine``), None: unknown
     machines: list[str | None] = field(default_factory=list)
     here: set[int] = field(default_factory=set)  # the processes on the notebook's machine
@@ -48,16 +48,16 @@ def initialize(
     controller_ip: str | None,
     progress: Progress | None = None,
     deadline: float | None = None,
-    inbox_dir: str | None = None,
+    link_dir: str | None = None,
     asked: dict[int, Any] | None = None,
 ) -> JaxProcesses:
     """``jax.distributed`` on these engines at once; process indices follow launch ranks.
 
     ``deadline`` (``time.monotonic()``): a start's, which every step here ends by, JAX's own
     start-up timeout included. Without one each step may take ``options.timeout``, and a
-    margin more for JAX to report its own timeout. ``inbox_dir``: where engines that show they
-    run on this host open their inbox (``engine/inbox.py``). ``asked``: engine id -> the
-    ``AsyncResult`` of its identity, where it was asked already.
+    margin more for JAX to report its own timeout. ``link_dir``: where engines that show they
+    run on this host open their end of the link (``engine/link_end.py``). ``asked``: engine
+    id -> the ``AsyncResult`` of its identity, where it was asked already.
     """
 
     def left() -> ClusterOptions:  # options whose timeout is what the deadline leaves
@@ -98,7 +98,7 @@ def initialize(
             # own (NAT, a Kubernetes service)
             options.coordinator is None and given is None,
             gpu_plan.devices[index],
-            inbox_dir if here and _engine.machine(identities[eid]["facts"]) == here else None,
+            link_dir if here and _engine.machine(identities[eid]["facts"]) == here else None,
             gpu_plan.platform,
         )
         for index, eid in enumerate(engine_ids)
@@ -286,15 +286,15 @@ def _job(
     coordinator: str | None,
 ) -> JaxProcesses:
     processes = verified_processes(engine_ids, identities, results, options)
-    inboxes = {
-        p.process_index: (results[p.engine_id]["inbox"], p.engine_id)
-        for p in processes if results[p.engine_id].get("inbox")
+    links = {
+        p.process_index: (results[p.engine_id]["link"], p.engine_id)
+        for p in processes if results[p.engine_id].get("link")
     }
     machines = [_engine.machine(identities[p.engine_id]["facts"]) for p in processes]
     mine = _engine.machine(_engine.host_facts())
     here = {i for i, m in enumerate(machines) if m is not None and m == mine}
     first = results[processes[0].engine_id]
-    return JaxProcesses(processes, coordinator, inboxes, machines, here,
+    return JaxProcesses(processes, coordinator, links, machines, here,
                         first.get("features_off", {}))
 
 

@@ -21,6 +21,7 @@ from ..cells.carry import Carried, take
 from ..cells.health_reports import ask_memory
 from ..cells.process_calls import ProcessCalls
 from ..contracts import ProcessInfo, ProcessStatus, Progress
+from ..link import Link
 from . import bringup, distributed
 from .event_loop import LoopThread
 from .health import Health
@@ -36,12 +37,12 @@ class RunningCluster:
     """One cluster, from its start (or ``connect``) to its stop."""
 
     launcher: str
-    work_dir: str | None = None  # private to this start: inboxes, launchers' files
+    work_dir: str | None = None  # private to this start: links' sockets, launchers' files
     launched: bringup.Launched | None = None  # None when connected: nobody here launched them
     client: ipp.Client | None = None
     processes: list[ProcessInfo] = field(default_factory=list)
     view: ipp.DirectView | None = None  # non-blocking, over all engines, in process order
-    # calls to the processes by index: inboxes here, back channels anywhere, ipyparallel
+    # calls to the processes by index: the link here, back channels anywhere, ipyparallel
     calls: ProcessCalls = field(default_factory=ProcessCalls)
     coordinator: str | None = None
     # by process index: the machine it runs on (None: unknown); those on the notebook's
@@ -75,8 +76,10 @@ class RunningCluster:
         self.machines, self.here = job.machines, job.here
         self.features_off, self.notes = job.features_off, job.notes
         self.calls.close()
+        session = self.client.session  # the cluster's key signs the link's messages too
         self.calls = ProcessCalls(
-            self.client, {p.process_index: p.engine_id for p in job.processes}, job.inboxes)
+            self.client, {p.process_index: p.engine_id for p in job.processes},
+            Link(session.key, job.links, session.signature_scheme))
         self.view = self.client[[p.engine_id for p in job.processes]]
         self.view.block = False
         self.feed.reset(p.process_index for p in job.processes)

@@ -6,7 +6,7 @@ outlives its parent for exactly that case: it polls the parent and, when the par
 kills every pid that ipyparallel's cluster file lists (controller and engines) and their children,
 and every local process whose environment names the cluster (``IPP_CLUSTER_ID``: engines launched
 before the cluster file listed them, e.g. when the parent died mid-launch), then removes the
-start's private folder (its inboxes, its launchers' files). Engines on other
+start's private folder (its links' sockets, its launchers' files). Engines on other
 hosts end with the ssh session their host's forking process is reached through; the rest, a
 Slurm job say, is the cluster's launcher's to end (``Launcher.kill_leftovers``).
 

@@ -2,7 +2,7 @@
 
 With a ``MeshSharding`` the value becomes a global jax.Array for which each process receives only
 the slices its devices hold. A whole value is written once per host: on the notebook's host
-into a /dev/shm file of its own (the processes there are told through their inboxes:
+into a /dev/shm file of its own (the processes there are told over the link:
 ``jaxcluster.cells.process_calls``), on every other host with several processes by one of
 them, which reads that file from the notebook's file server (``file_server.py``), or is sent
 the value through ipyparallel where it cannot. Processes that map such a file assign it at
@@ -210,7 +210,7 @@ def _on(
 ) -> tuple[dict[int, Any], dict[int, str]]:
     """One call on each of ``processes`` at once: (replies, errors) by process index; one that
     does not answer within ``timeout`` (default: the cluster's) fails. Each goes by its route
-    (``cells.process_calls``): the inbox on this host, else the back channel for the engine's
+    (``cells.process_calls``): the link on this host, else the back channel for the engine's
     registered calls, else ipyparallel for pickled values."""
     timeout = cluster.timeout if timeout is None else timeout
     function, *args = request

@@ -1,8 +1,8 @@
 """What runs on an engine, in one JAX process; the notebook sends these modules' functions by
 reference. It offers ``process``, ``topology``, ``bootstrap``, ``forking``, ``imports``, ``cells``,
-``calls``, ``inbox``, ``backchannel``, ``dispatch``, ``values``, ``data``, ``sharding``, ``stdin``,
-``sigint``, ``sync``, ``scripts``, ``tracebacks`` (the stack JAX records in a cell),
-``introspect``, ``state`` (a process's state across a restart),
+``calls``, ``link_end`` (its end of the link), ``backchannel``, ``dispatch``, ``values``,
+``data``, ``sharding``, ``stdin``, ``sigint``, ``sync``, ``scripts``, ``tracebacks`` (the
+stack JAX records in a cell), ``introspect``, ``state`` (a process's state across a restart),
 ``profile`` (a profiled cell's traces), ``session`` (the hooks, installed in one order),
 and one adapter per library whose internals it uses: ``jax_internals``, ``ipython_internals``,
 ``ipykernel_internals``, ``ipyparallel_internals``; ``__main__`` is every launcher's entry point
@@ -17,12 +17,12 @@ __all__ = [
     "dispatch",
     "forking",
     "imports",
-    "inbox",
     "introspect",
     "ipykernel_internals",
     "ipyparallel_internals",
     "ipython_internals",
     "jax_internals",
+    "link_end",
     "process",
     "profile",
     "scripts",

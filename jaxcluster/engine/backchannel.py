@@ -12,7 +12,7 @@ every ipyparallel message it is signed with the cluster's key, and it is answere
 busy and idle statuses ipykernel publishes around a control request of its own. The registry
 (``calls.py``) says where each call runs: ``calls.CONTROL`` here, on the control thread, at
 once; ``calls.MAIN`` (a cell, a push's assignment) on the main thread between requests, exactly
-as through the inbox, answered when they end. The reply (``jaxcluster_reply``) is the
+as over the link, answered when they end. The reply (``jaxcluster_reply``) is the
 registry's one envelope, ``{"value": ...}`` or ``{"error": "Type: message"}``.
 """
 

@@ -1,5 +1,5 @@
 """The calls a notebook asks of an engine by name, the one registry of them, and the one answer
-envelope that the inbox (``inbox.py``) and the back channel (``backchannel.py``) both give.
+envelope that the link (``link_end.py``) and the back channel (``backchannel.py``) both give.
 
 ``CONTROL`` calls run on the control thread at once, also while the main thread is busy in a
 cell: where the main thread is, its memory and its devices', this cell's dispatch counts, an
@@ -89,7 +89,7 @@ MAIN: dict[str, Callable[..., Any]] = {
 def answer(request: bytes | Mapping[str, Any], served: Mapping[str, Callable[..., Any]],
            server: str) -> Reply:
     """The reply to ``request`` (JSON, or its decoded content) by ``served``'s call it names;
-    ``server`` names who refuses a call it does not serve (``the inbox``). A call's value may be
+    ``server`` names who refuses a call it does not serve (``the link``). A call's value may be
     a future (a cell that awaits): ``answer_then`` waits for it."""
     try:
         call = json.loads(request) if isinstance(request, bytes) else request

@@ -4,7 +4,7 @@ temporary file, so every process reports the same text and ``%%spmd`` collapses 
 
 ``%%spmd`` sends the notebook's execution count as the request's ``label`` metadata.
 
-``run_cell`` runs a cell asked for through the engine's inbox (``engine/inbox.py``) or its back
+``run_cell`` runs a cell asked for over the engine's link (``engine/link_end.py``) or its back
 channel. ``interrupt`` (from the back channel's thread) stops one: its code gets one
 ``KeyboardInterrupt``, however early the press came; one whose request has not reached the
 main thread yet (it travels by another path than the interrupt) does not run at all, and ends

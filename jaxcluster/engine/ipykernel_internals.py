@@ -4,7 +4,7 @@ between requests), messages published on iopub under a request's header, and whe
 compiles a cell's code, and control messages of our own served before ipykernel's handler
 (``serve_control``, the back channel's). None of it is probed: without it no cell of
 jaxcluster's runs, and the cell's error says why. Elsewhere the engine uses the kernel's public
-attributes (``session``, ``ident``, ``io_loop``, ipyparallel's ``engine_id``: the inbox).
+attributes (``session``, ``ident``, ``io_loop``, ipyparallel's ``engine_id``: the link).
 """
 
 from __future__ import annotations

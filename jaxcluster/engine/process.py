@@ -176,7 +176,7 @@ def initialize(
     address: str | None = None,
     bind_coordinator: bool = False,
     gpus: list[int] | None = None,
-    inbox_dir: str | None = None,
+    link_dir: str | None = None,
     platform: str | None = None,
 ) -> dict:
     """``jax.distributed.initialize`` this process and describe what it then sees.
@@ -185,7 +185,7 @@ def initialize(
     ``bind_coordinator``: the coordination service (process 0) listens on the coordinator's
     address only, not on all interfaces (JAX's default): it is unauthenticated.
     ``gpus``: the GPUs this process uses, where several processes share a host's GPUs.
-    ``inbox_dir``: where to open its inbox, for a notebook on this host (``inbox.py``).
+    ``link_dir``: where to open its end of the link, for a notebook on this host (``link_end``).
     ``platform``: JAX's platform chosen at start (``cluster/gpus.py``: CPU devices where the
     host has too few GPUs), set before any backend exists.
     """
@@ -212,10 +212,10 @@ def initialize(
     )
     if address:
         _cpu_collectives_listen_on(address)
-    inbox = _install_hooks(inbox_dir, address, gpus)
+    link = _install_hooks(link_dir, address, gpus)
     try:
         with imports.entry_points_read_once():  # JAX looks for its plugins as its backend starts
-            return {**describe_jax(), "inbox": inbox}
+            return {**describe_jax(), "link": link}
     except Exception as e:
         # JAX's own error for a missing backend can be a bare AssertionError; say what it means.
         platforms = os.environ.get("JAX_PLATFORMS") or "default"
@@ -338,11 +338,11 @@ def jax_state() -> dict | None:
 
 
 def _install_hooks(
-    inbox_dir: str | None = None, address: str | None = None, gpus: list[int] | None = None
+    link_dir: str | None = None, address: str | None = None, gpus: list[int] | None = None
 ) -> str | None:
     """This engine's session (``session.py``: its hooks, in their order), with its shards
-    served on ``address`` and ``gpus`` the GPUs this process was given; the path of the inbox
-    opened in ``inbox_dir``, for a notebook on this host."""
+    served on ``address`` and ``gpus`` the GPUs this process was given; the endpoint of the
+    link opened in ``link_dir``, for a notebook on this host."""
     from . import session
 
-    return session.start(inbox_dir, address, gpus, machine(host_facts()))
+    return session.start(link_dir, address, gpus, machine(host_facts()))

@@ -21,9 +21,9 @@ from . import (
     chatter,
     data,
     dispatch,
-    inbox,
     ipykernel_internals,
     jax_internals,
+    link_end,
     reads,
     scripts,
     sharding,
@@ -139,13 +139,13 @@ ENDING_A_CELL = [part.cell_ended for part in PARTS if part.cell_ended is not Non
 _session: list[EngineSession] = []  # this engine's, once started
 
 
-def start(inbox_dir: str | None = None, address: str | None = None,
+def start(link_dir: str | None = None, address: str | None = None,
           gpus: list[int] | None = None, machine: str | None = None) -> str | None:
-    """Install this engine's hooks, once; open the inbox of a notebook on this host (in
-    ``inbox_dir``) and return its path. The inbox opens after every hook is in: the notebook
-    sends cells through it as soon as it knows the path."""
+    """Install this engine's hooks, once; open its end of the link for a notebook on this host
+    (in ``link_dir``) and return its endpoint. The link opens after every hook is in: the
+    notebook sends cells through it as soon as it knows the endpoint."""
     if not _session:
         session = EngineSession(address, gpus, machine)
         session.install()
         _session.append(session)
-    return inbox.open_inbox(inbox_dir) if inbox_dir else None
+    return link_end.open_link(link_dir) if link_dir else None

@@ -2,7 +2,7 @@
 them (``breakpoint()``, ``pdb.set_trace()``, ``jax.debug.breakpoint()``) ask the notebook.
 
 An engine has no terminal, and the notebook never sent its cells with stdin (``%%spmd`` asks
-over the inbox or the back channel, not with an execute request), so ``input()`` used to read
+over the link or the back channel, not with an execute request), so ``input()`` used to read
 EOF and a debugger's prompt waited for nobody. Here a read publishes an input request on
 iopub, under the cell's own header, which the notebook's client hands the running cell
 (``cells/asks.py``): the notebook asks its front end, labelled by process, and answers over the

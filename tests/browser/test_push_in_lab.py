@@ -1,6 +1,6 @@
 """A notebook value pushed with %spmd_push reaches every process, watched in JupyterLab: the
 push's line, then process 0's work on the value under ``if jax.process_index() == 0:`` (issue
-17: processes on this host are told through their inboxes)."""
+17: processes on this host are told over the link)."""
 
 from __future__ import annotations
 
