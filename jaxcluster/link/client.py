@@ -130,7 +130,7 @@ class Link:
         assert self._wake is not None
         self._poller = zmq.Poller()
         self._poller.register(self._wake[0], zmq.POLLIN)
-        self._sockets: dict[int, zmq.Socket] = {}
+        self._sockets: dict[int, tuple[zmq.Socket, zmq.Socket]] = {}  # its DEALER, its monitor
         self._monitors: dict[zmq.Socket, int] = {}
         self._by_socket: dict[zmq.Socket, int] = {}
         self._stopping = False
@@ -153,7 +153,7 @@ class Link:
         conn.immediate = True  # nothing is queued for a process not connected: it is lost
         monitor = conn.get_monitor_socket(_WATCHED)
         conn.connect(self._endpoints[process][0])
-        self._sockets[process] = conn
+        self._sockets[process] = (conn, monitor)
         self._by_socket[conn] = process
         self._monitors[monitor] = process
         self._poller.register(conn, zmq.POLLIN)
@@ -187,7 +187,7 @@ class Link:
             self._connected[process].set_result(greeted)
 
     def _send(self, process: int, message: dict, answer: concurrent.futures.Future) -> None:
-        conn = self._sockets.get(process)
+        conn, _ = self._sockets.get(process, (None, None))
         try:
             if conn is None:
                 raise zmq.Again()
@@ -227,12 +227,10 @@ class Link:
             answer.set_exception(CallError(why, lost=True))
 
     def _drop(self, process: int) -> None:
-        conn = self._sockets.pop(process, None)
-        if conn is None:
+        if process not in self._sockets:
             return
-        self._by_socket.pop(conn, None)
-        monitor = next(m for m, p in self._monitors.items() if p == process)
-        del self._monitors[monitor]
+        conn, monitor = self._sockets.pop(process)
+        del self._by_socket[conn], self._monitors[monitor]
         for closing in (conn, monitor):
             self._poller.unregister(closing)
         conn.disable_monitor()
