@@ -241,6 +241,25 @@ def test_a_controller_that_exits_while_the_engines_register_is_replaced():
         assert cluster.run("import jax; print(jax.process_count())").processes[1].stdout == "2\n"
 
 
+def test_a_registration_ipyparallel_does_not_tell_its_wait_still_ends_the_start():
+    """ipyparallel tells a registration to the waits on its client in a list that the first
+    one it settles leaves, and the wait behind it never hears. A wait ahead of the start's
+    (here the test's, in CI the start's own from a moment before) held a start with every
+    engine registered until its whole --timeout, which it then failed."""
+    ahead: list[object] = []
+
+    def wait_ahead_of_the_start(stage: str, *_: object) -> None:
+        if stage == "engines registered" and not ahead:
+            client = cluster._running.launched.client  # the start's own client
+            ahead.append(client.wait_for_engines(1, block=False, timeout=600, interactive=False))
+
+    cluster = JaxCluster(nodes=1, timeout=60)
+    with stopped_at_the_end(cluster):
+        cluster.start(progress=wait_ahead_of_the_start)
+        assert ahead
+        assert cluster.run("import jax; print(jax.process_count())").processes[0].stdout == "1\n"
+
+
 def _controllers() -> list[psutil.Process]:
     found = []
     for proc in psutil.Process().children(recursive=True):

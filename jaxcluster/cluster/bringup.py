@@ -40,6 +40,7 @@ CONTROLLER_TRIES = 3  # starts of a controller that exits, or is silent, before 
 # for a serving controller to answer the client, but on the last try (the rest of the start's)
 ANSWER_SECONDS = 30
 STACKS_SECONDS = 2  # for a silent controller to write its threads' stacks
+REGISTRATION_POLL_SECONDS = 1  # a registration ipyparallel did not tell is seen within this
 
 
 @dataclass
@@ -375,24 +376,20 @@ def _registered(
         left = deadline - time.monotonic()
         if left <= 0:
             _raise_short(launched, new, asked, options)
-        # one more engine (an old one unregistering after a restart also wakes this); counted
-        # from the snapshot, so one registering meanwhile ends the wait at once instead of
-        # leaving it for an engine that never comes until the whole --timeout is gone. One
-        # such wait at a time: ipyparallel tells a registration to its waits in a list that
-        # the first one it settles leaves, and the wait behind it never hears
+        # one more engine than the snapshot (or an old one unregistering after a restart);
+        # one such wait at a time, kept until it settles. ipyparallel tells a registration to
+        # its waits in a list that the first one it settles leaves, and the wait behind never
+        # hears it: the snapshot is looked at again every REGISTRATION_POLL_SECONDS, so a
+        # missed registration cannot hold a start with every engine registered to --timeout
         if one_more is None or one_more.done():
             one_more = client.wait_for_engines(
                 len(ids) + 1, timeout=left, block=False, interactive=False
             )
-            if len(client.ids) > len(ids):
-                # one registered while ipyparallel set up that wait, which then misses it
-                # and lasts until its timeout, the whole start's
-                one_more = None
-                continue
         # on other hosts an answered identity may also name a host that has all its engines
         answers = [ar for ar in asked.values() if not ar.done()] if expected else []
         concurrent.futures.wait(
-            [one_more, ended, controller_ended, *answers], timeout=left,
+            [one_more, ended, controller_ended, *answers],
+            timeout=min(left, REGISTRATION_POLL_SECONDS),
             return_when=concurrent.futures.FIRST_COMPLETED,
         )
 
