@@ -340,6 +340,43 @@ def test_a_value_pushed_to_every_process_crosses_to_each_host_once(kernel, hosts
         == f"[processes 0-3]\n{float(np.arange(size // 4, dtype=np.float32).sum())} True"
 
 
+def test_a_pushed_value_altered_between_the_hosts_is_refused_and_nothing_assigned(kernel):
+    """Each host's reader sends back the SHA-256 of the bytes it read from the notebook's file
+    server, over a signed channel, and the notebook checks it before any process unpickles
+    them; here a relay between the hosts and the server flips one bit of each answer."""
+    _, kc = kernel
+    cell = run(kc, "import numpy as np\n"
+                   "from tests.tampering import OneBitFlipped\n"
+                   "cluster = _magics().cluster\n"
+                   "server = cluster.file_server\n"
+                   "between = OneBitFlipped(server.address)\n"
+                   "class Relayed:\n"
+                   "    address, offer, withdraw = between.address, server.offer, server.withdraw\n"
+                   "cluster._running._file_server = Relayed\n"
+                   "try:\n"
+                   "    cluster.push('altered', np.arange(2**20, dtype=np.float32))\n"
+                   "except Exception as e:\n"
+                   "    print(type(e).__name__, e)\n"
+                   "finally:\n"
+                   "    cluster._running._file_server = server\n"
+                   "    between.close()\n"
+                   "print(between.relayed)")
+    assert cell.reply["status"] == "ok", cell.text
+    error, relayed = cell.text.strip().rsplit("\n", 1)
+    assert int(relayed) == 2, cell.text  # one read for each host
+    assert error.startswith("JaxClusterError Could not push 'altered' (nothing was assigned): "
+                            "the 4,194,432 bytes of the value that processes 0,2 read from the "
+                            "notebook arrived altered"), error
+    assert "no process unpickled them" in error and "check that network" in error, error
+    assert "\n" not in error and "Traceback" not in error, error
+    assert run(kc, "%%spmd\nprint('altered' in globals())").text.strip() \
+        == "[processes 0-3]\nFalse"
+    whole = run(kc, "whole = np.arange(2**20, dtype=np.float32)\n%spmd_push whole")
+    assert whole.reply["status"] == "ok", whole.text
+    assert run(kc, "%%spmd\nprint(float(whole[-1]))").text.strip() \
+        == "[processes 0-3]\n1048575.0"
+
+
 def test_input_and_the_debugger_on_another_host_are_answered_from_the_notebook(kernel):
     _, kc = kernel
     cell = run_with_stdin(kc, "%%spmd\nkept = 5\nif jax.process_index() == 3:\n"

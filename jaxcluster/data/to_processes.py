@@ -12,7 +12,9 @@ of them have it.
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
+import hashlib
 import os
 import pickle
 import time
@@ -172,10 +174,13 @@ def _one_copy_per_host(
         if server is not None and shared is not None:
             server.offer(token, shared[0])
             size = os.path.getsize(shared[0])
-            fetched, errors = _on(cluster, readers, (engine.fetch_value, token, server.address,
-                                                     size, FETCH_SECONDS))
+            with concurrent.futures.ThreadPoolExecutor(1) as hashing:  # while the hosts read
+                digest = hashing.submit(_sha256, shared[0])
+                fetched, errors = _on(cluster, readers, (engine.fetch_value, token,
+                                                         server.address, size, FETCH_SECONDS))
             _check(errors, what)
-            copies = {p: (path, *shared[1:]) for p, path in fetched.items() if path is not None}
+            copies = {p: (got[0], *shared[1:]) for p, got in fetched.items() if got is not None}
+            _check_arrived(fetched, digest.result(), size, what)
         unread = [p for p in readers if p not in copies]
         if unread:
             written, errors = _on(cluster, unread, (engine.write_value, token, *value))
@@ -215,6 +220,27 @@ def _on(
     timeout = cluster.timeout if timeout is None else timeout
     function, *args = request
     return cluster.calls.call(processes, function, *args, timeout=timeout)
+
+
+def _sha256(path: str) -> str:
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def _check_arrived(
+    fetched: dict[int, tuple[str, str] | None], digest: str, size: int, what: str
+) -> None:
+    """Raises unless each host's copy has the SHA-256 of the notebook's file: nothing has
+    unpickled those bytes yet, and nothing will."""
+    altered = {p: got[1] for p, got in fetched.items() if got is not None and got[1] != digest}
+    if altered:
+        raise JaxClusterError(
+            f"Could not {what}: the {size:,} bytes of the value that {process_label(altered)} "
+            f"read from the notebook arrived altered (SHA-256 {next(iter(altered.values()))}, "
+            f"the notebook's {digest}), so no process unpickled them. Something on the network "
+            "between those hosts and the notebook's changed them: push again, and if it "
+            "recurs, check that network."
+        )
 
 
 def _check(errors: dict[int, str], what: str) -> None:

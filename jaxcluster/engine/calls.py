@@ -83,7 +83,8 @@ CONTROL: dict[str, Callable[..., Any]] = {
                             stdin.answer, state.keep, state.discard, profile.clock,
                             profile.start_trace, profile.stop_trace)}
 MAIN: dict[str, Callable[..., Any]] = {
-    f.__name__: f for f in (data.assign_file, data.release, cells.run_cell, state.restore)}
+    f.__name__: f for f in (data.assign_file, data.fetch_value, data.release, cells.run_cell,
+                            state.restore)}
 
 
 def answer(request: bytes | Mapping[str, Any], served: Mapping[str, Callable[..., Any]],

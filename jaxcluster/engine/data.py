@@ -13,7 +13,9 @@ for the helpers.
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
+import hashlib
 import io
 import mmap
 import os
@@ -296,15 +298,19 @@ def token_request(token: str) -> bytes:
     return token.encode() + b"\n"
 
 
-def fetch_value(token: str, server: tuple[str, int], size: int, timeout: float) -> str | None:
+def fetch_value(
+    token: str, server: tuple[str, int], size: int, timeout: float
+) -> tuple[str, str] | None:
     """This host's one copy of a value pushed to every process, read from the notebook's file
-    server into a new /dev/shm file here (as ``write_value`` writes it); its path, or None
-    where it cannot be had (no room, no connection in time): then ipyparallel brings it."""
+    server into a new /dev/shm file here (as ``write_value`` writes it): its path and the
+    SHA-256 of the bytes as they arrived, which the notebook checks before any process
+    unpickles them; None where it cannot be had (no room, no connection in time): then
+    ipyparallel brings it."""
     made = _shm_file(token, size)
     if made is None:
         return None
     path, fd = made
-    got = 0
+    got, arrived = 0, hashlib.sha256()
     try:
         os.ftruncate(fd, size)
         with socket.create_connection((server[0], int(server[1])), timeout=timeout) as conn, \
@@ -312,8 +318,12 @@ def fetch_value(token: str, server: tuple[str, int], size: int, timeout: float) 
             conn.sendall(token_request(token))
             view = memoryview(mapping)
             try:
-                while got < size and (n := conn.recv_into(view[got:], size - got)):
-                    got += n
+                # hashed on a thread behind the reads (hashlib lets go of the GIL): a push
+                # takes about the longer of the two, not their sum
+                with concurrent.futures.ThreadPoolExecutor(1) as hashing:
+                    while got < size and (n := conn.recv_into(view[got:], size - got)):
+                        hashing.submit(arrived.update, view[got:got + n])
+                        got += n
             finally:
                 view.release()
     except OSError:
@@ -323,7 +333,7 @@ def fetch_value(token: str, server: tuple[str, int], size: int, timeout: float) 
     if got < size:
         forget_file(token)
         return None
-    return path
+    return path, arrived.hexdigest()
 
 
 def _shm_file(token: str, size: int) -> tuple[str, int] | None:
