@@ -7,15 +7,15 @@ import socket
 import threading
 
 
-class OneBitFlipped:
-    """Relays each connection made to ``address`` on to ``server``, and flips one bit in the
-    middle of each answer (a request is one ``recv``; the server hangs up after answering)."""
+class FlippingRelay:
+    """Relays each connection made to ``address`` on to ``server``, both ways, and flips one
+    bit of the byte at offset ``at`` of what the server sends on each."""
 
-    def __init__(self, server: tuple[str, int]) -> None:
-        self._server = server
-        self._listener = socket.create_server((server[0], 0))
+    def __init__(self, server: tuple[str, int], at: int, host: str | None = None) -> None:
+        self._server, self._at = server, at
+        self._listener = socket.create_server((host or server[0], 0))
         self.address: tuple[str, int] = self._listener.getsockname()[:2]
-        self.relayed = 0
+        self.flipped = 0
         threading.Thread(target=self._accept, daemon=True).start()
 
     def close(self) -> None:
@@ -27,15 +27,21 @@ class OneBitFlipped:
         with contextlib.suppress(OSError):
             while True:
                 reader, _ = self._listener.accept()
-                threading.Thread(target=self._relay, args=(reader,), daemon=True).start()
+                upstream = socket.create_connection(self._server)
+                threading.Thread(target=self._pipe, args=(reader, upstream, None),
+                                 daemon=True).start()
+                threading.Thread(target=self._pipe, args=(upstream, reader, self._at),
+                                 daemon=True).start()
 
-    def _relay(self, reader: socket.socket) -> None:
-        with contextlib.suppress(OSError), reader, \
-                socket.create_connection(self._server) as upstream:
-            upstream.sendall(reader.recv(4096))
-            answer = bytearray()
-            while chunk := upstream.recv(1 << 20):
-                answer += chunk
-            answer[len(answer) // 2] ^= 1
-            reader.sendall(answer)
-            self.relayed += 1
+    def _pipe(self, source: socket.socket, sink: socket.socket, flip: int | None) -> None:
+        seen = 0
+        with contextlib.suppress(OSError):
+            while chunk := bytearray(source.recv(1 << 16)):
+                if flip is not None and seen <= flip < seen + len(chunk):
+                    chunk[flip - seen] ^= 1
+                    self.flipped += 1
+                seen += len(chunk)
+                sink.sendall(chunk)
+        for end in (source, sink):
+            with contextlib.suppress(OSError):
+                end.shutdown(socket.SHUT_RDWR)

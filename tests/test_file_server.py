@@ -14,7 +14,7 @@ import pytest
 
 from jaxcluster.data import FileServer
 from jaxcluster.engine import data
-from tests.tampering import OneBitFlipped
+from tests.tampering import FlippingRelay
 
 
 @pytest.fixture
@@ -76,12 +76,12 @@ def test_a_closed_server_is_no_answer_and_leaves_nothing(offered):
 
 def test_the_digest_is_of_the_bytes_as_they_arrived(offered):
     server, token, content = offered
-    between = OneBitFlipped(server.address)
+    between = FlippingRelay(server.address, at=len(content) // 2)
     try:
         copy = data.fetch_value(token, between.address, len(content), timeout=5)
     finally:
         between.close()
-    assert copy is not None and between.relayed == 1
+    assert copy is not None and between.flipped == 1
     try:
         with open(copy[0], "rb") as f:
             arrived = f.read()

@@ -20,7 +20,16 @@ import zmq
 
 from jaxcluster.cells.process_calls import BACK_CHANNEL, IPYPARALLEL, LINK, ProcessCalls
 from jaxcluster.engine import calls, data, link_end
-from jaxcluster.link import CallError, Link, LinkServer, messages
+from jaxcluster.link import (
+    CallError,
+    Link,
+    LinkServer,
+    exchange,
+    loop_of_its_own,
+    messages,
+    one_request,
+    signing,
+)
 
 KEY = uuid.uuid4().bytes
 
@@ -269,3 +278,68 @@ def test_a_reply_names_its_request_in_json_never_a_pickle(endpoints):
     finally:
         conn.close()
         engine.close()
+
+
+class Owner:
+    """A process's link server on ``loop_of_its_own`` (as a shard server is), answering with
+    ``answer(content)``: (content, buffers), from another thread."""
+
+    def __init__(self, answer, engine_id: int = 7) -> None:
+        self.loop = loop_of_its_own("test-owner")
+        made: list[LinkServer] = []
+        ready = threading.Event()
+
+        def handle(content, reply):
+            threading.Thread(target=lambda: self.loop.add_callback(reply, *answer(content)),
+                             daemon=True).start()
+
+        def make():
+            made.append(LinkServer(KEY, "hmac-sha256", "tcp://127.0.0.1:0", handle, self.loop,
+                                   engine_id))
+            ready.set()
+
+        self.loop.add_callback(make)
+        assert ready.wait(10)
+        self.server, self.engine_id = made[0], engine_id
+        self.endpoint = self.server.endpoint
+
+    def close(self) -> None:
+        self.loop.add_callback(self.server.close)
+
+
+def test_one_request_of_a_process_to_another_brings_its_buffers_and_keeps_the_socket():
+    blob = os.urandom(3 * 2**20)
+    owner = Owner(lambda content: ({"value": {"asked": content["n"]}}, [blob, b"tail"]))
+    session = signing(KEY)
+    try:
+        for n in range(3):
+            value, buffers = exchange(session, owner.endpoint, owner.engine_id, {"n": n}, 5, 5)
+            assert value == {"asked": n} and [bytes(b) for b in buffers] == [blob, b"tail"]
+        assert len(one_request._idle[(owner.endpoint, owner.engine_id)]) == 1  # one socket
+        with pytest.raises(CallError, match="this is engine 7, not engine 8") as refused:
+            exchange(session, owner.endpoint, 8, {"n": 0}, 5, 5)
+        assert not refused.value.lost
+    finally:
+        owner.close()
+
+
+def test_a_request_to_nothing_or_to_an_owner_that_ends_is_lost_at_once():
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        nobody = f"tcp://127.0.0.1:{s.getsockname()[1]}"
+    began = time.monotonic()
+    with pytest.raises(CallError, match=one_request.REFUSED) as refused:
+        exchange(signing(KEY), nobody, 1, {}, 120, 120)
+    assert refused.value.lost and time.monotonic() - began < 60  # not its 120 s
+
+    never = threading.Event()  # the owner answers no request, and ends while one waits
+    owner = Owner(lambda content: (never.wait(60), ({}, []))[1])
+    ended = threading.Timer(1.0, owner.close)
+    ended.start()
+    began = time.monotonic()
+    try:
+        with pytest.raises(CallError) as dropped:
+            exchange(signing(KEY), owner.endpoint, owner.engine_id, {}, 120, 120)
+    finally:
+        never.set()
+    assert dropped.value.lost and time.monotonic() - began < 60

@@ -346,10 +346,10 @@ def test_a_pushed_value_altered_between_the_hosts_is_refused_and_nothing_assigne
     them; here a relay between the hosts and the server flips one bit of each answer."""
     _, kc = kernel
     cell = run(kc, "import numpy as np\n"
-                   "from tests.tampering import OneBitFlipped\n"
+                   "from tests.tampering import FlippingRelay\n"
                    "cluster = _magics().cluster\n"
                    "server = cluster.file_server\n"
-                   "between = OneBitFlipped(server.address)\n"
+                   "between = FlippingRelay(server.address, at=2**21)\n"
                    "class Relayed:\n"
                    "    address, offer, withdraw = between.address, server.offer, server.withdraw\n"
                    "cluster._running._file_server = Relayed\n"
@@ -360,10 +360,10 @@ def test_a_pushed_value_altered_between_the_hosts_is_refused_and_nothing_assigne
                    "finally:\n"
                    "    cluster._running._file_server = server\n"
                    "    between.close()\n"
-                   "print(between.relayed)")
+                   "print(between.flipped)")
     assert cell.reply["status"] == "ok", cell.text
-    error, relayed = cell.text.strip().rsplit("\n", 1)
-    assert int(relayed) == 2, cell.text  # one read for each host
+    error, flipped = cell.text.strip().rsplit("\n", 1)
+    assert int(flipped) == 2, cell.text  # one read for each host
     assert error.startswith("JaxClusterError Could not push 'altered' (nothing was assigned): "
                             "the 4,194,432 bytes of the value that processes 0,2 read from the "
                             "notebook arrived altered"), error

@@ -27,6 +27,7 @@ from tests.conftest import (
     shell_cluster,
 )
 from tests.netns_hosts import NamespaceHosts
+from tests.tampering import FlippingRelay
 from tests.test_array_kinds import CELLS as KIND_CELLS
 from tests.test_array_kinds import KINDS, SUBSETS, same_everywhere
 from tests.test_array_kinds import SETUP as KIND_SETUP
@@ -161,6 +162,37 @@ def test_process_0_reads_the_other_hosts_half_over_the_network(shell, hosts):
     assert text.strip() == "[process 0]\nTrue"
     half = SIDE * SIDE * 4 // 2  # the shards of processes 2 and 3
     assert half <= crossed < 2 * half, crossed
+
+
+def test_a_shard_read_altered_between_the_hosts_is_refused_and_said(shell, hosts):
+    """An owner's signed answer names the SHA-256 of each box it sends; bytes altered on the way
+    (a relay on the notebook's host, between process 0 and process 2, flips one bit) are
+    checked before any reaches the reader's array, and the read fails saying so."""
+    text, _ = run_spmd(shell, BIG + SERVERS)
+    _, _, address, port = per_process(text)[2].split()
+    between = FlippingRelay((address, int(port)), at=2**20,
+                            host=hosts.networks[0].root_address)
+    try:
+        text, _ = run_spmd(shell, on_process_0(
+            "_owner = _shards._published(2)\n"
+            f"_shards._state['addresses'][2] = {{**_owner, 'endpoint': "
+            f"'tcp://{between.address[0]}:{between.address[1]}'}}\n"
+            "try:\n"
+            "    np.asarray(big)\n"
+            "except RuntimeError as e:\n"
+            "    print(e)\n"
+            "finally:\n"
+            "    _shards._state['addresses'].pop(2)\n"))
+    finally:
+        between.close()
+    assert between.flipped == 1
+    said = text.strip().removeprefix("[process 0]\n")
+    assert said.startswith(f"Process 2's part of this jax.Array (shape ({SIDE}, {SIDE}), "
+                           "float32) arrived altered on its way to this process (box "), text
+    assert "none of it was used" in said and "check that network" in said, said
+    assert "\n" not in said, said
+    text, _ = run_spmd(shell, BIG + READ_BIG)  # a fresh array, read straight: whole
+    assert text.strip() == "[process 0]\nTrue"
 
 
 def test_every_kind_of_global_array_and_device_subsets_across_hosts(shell):

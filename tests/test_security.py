@@ -5,7 +5,6 @@ machine with and without ``--ip 127.0.0.1``."""
 from __future__ import annotations
 
 import hashlib
-import hmac
 import json
 import os
 import shutil
@@ -19,7 +18,7 @@ import pytest
 import zmq
 from jupyter_client.session import Session
 
-from jaxcluster import JaxCluster
+from jaxcluster import JaxCluster, link
 from tests.conftest import stopped_at_the_end
 from tests.ports import free_port
 
@@ -132,33 +131,46 @@ def test_local_engines_links_are_unix_sockets_only_their_owner_reaches(cluster):
 
 
 def test_garbage_and_silent_connections_on_every_link_leave_the_running_cell_whole(cluster):
-    """While a cell prints on every process: 64 KiB of random bytes at each engine's link,
-    random ZMQ frames, and a connection held open that says nothing. The cell's output comes
-    back whole on every process, and the next cell runs."""
+    """While a cell prints on every process: 64 KiB of random bytes at each engine's link and
+    at its shard server's, random ZMQ frames, and a connection held open that says nothing.
+    The cell's output comes back whole on every process, and the next cell runs and reads
+    another process's shards."""
     import threading
 
-    paths = [cluster.calls.link.endpoint(p.process_index).removeprefix("ipc://")
-             for p in cluster.processes]
+    servers = cluster.run(
+        "import jax, jax.numpy as jnp, numpy as np\n"
+        "from jax.sharding import Mesh, NamedSharding, PartitionSpec as P\n"
+        "from jaxcluster.engine import shards\n"
+        "x = jax.device_put(jnp.arange(8.), NamedSharding(Mesh(np.array(jax.devices()), 'd'), "
+        "P('d')))\n"
+        "print(*shards._state['address'])").check()
+    links = [cluster.calls.link.endpoint(p.process_index) for p in cluster.processes]
+    ends: list[tuple[int, object, str]] = [
+        (socket.AF_UNIX, path.removeprefix("ipc://"), path) for path in links]
+    ends += [(socket.AF_INET, (host, int(port)), f"tcp://{host}:{port}")
+             for host, port in (p.stdout.split() for p in servers.processes)]
     done: list = []
     cell = threading.Thread(target=lambda: done.append(cluster.run(
         "import time\nfor i in range(4):\n    print(i, flush=True)\n    time.sleep(0.2)")))
     cell.start()
     held = []
     try:
-        for path in paths:
-            silent, garbage = socket.socket(socket.AF_UNIX), socket.socket(socket.AF_UNIX)
-            silent.connect(path)
-            garbage.connect(path)
+        for family, end, endpoint in ends:
+            silent, garbage = socket.socket(family), socket.socket(family)
+            silent.connect(end)
+            garbage.connect(end)
             garbage.sendall(os.urandom(64 * 1024))
             frames = zmq.Context.instance().socket(zmq.DEALER)
             frames.linger = 0
-            frames.connect(f"ipc://{path}")
+            frames.connect(endpoint)
             frames.send_multipart([os.urandom(n) for n in (1, 64, 4096)])
             frames.send_multipart([b"<IDS|MSG>", b"0" * 64, b"{}", b"{}", b"{}", b"{}"])
             held += [silent, garbage, frames]
         cell.join(60)
-        assert [p.stdout for p in done[0].processes] == ["0\n1\n2\n3\n"] * len(paths)
-        assert [p.stdout for p in cluster.run("print('next')").processes] == ["next\n"] * len(paths)
+        processes = len(cluster.processes)
+        assert [p.stdout for p in done[0].processes] == ["0\n1\n2\n3\n"] * processes
+        read = cluster.run("if jax.process_index() == 0:\n    print(float(x[-1]))").check()
+        assert read.processes[0].stdout == "7.0\n"
     finally:
         for conn in held:
             conn.close()
@@ -260,37 +272,31 @@ def test_a_coordinator_named_by_hand_listens_on_every_interface():
 
 
 def test_shard_servers_answer_only_requests_signed_with_the_clusters_key(cluster):
-    """Each engine serves its shards of global arrays to the others' reads (issue 30), on
-    loopback here, and answers a request only when it is signed with the cluster's key."""
+    """Each engine serves its shards of global arrays to the others' reads (issue 30) on a link
+    server of its own, on loopback here, and answers a request only when it is signed with the
+    cluster's key; the answer names each box's SHA-256, which its bytes have."""
     result = cluster.run(
         "import jax, jax.numpy as jnp, numpy as np\n"
         "from jax.sharding import Mesh, NamedSharding, PartitionSpec as P\n"
         "from jaxcluster.engine import shards, values\n"
         "x = jax.device_put(jnp.arange(4.), NamedSharding(Mesh(np.array(jax.devices()), 'd'), "
         "P('d')))\n"
-        "print(*shards._state['address'], values.key_of(x), x.addressable_shards[0].device.id)"
+        "print(*shards._state['address'], shards._published(jax.process_index())['engine_id'], "
+        "values.key_of(x), x.addressable_shards[0].device.id)"
     ).check()
     with open(cluster.ipp_cluster.controller.connection_files["client"]) as f:
         key = json.load(f)["key"].encode()
     for proc, printed in zip(cluster.processes, result.processes, strict=True):
-        host, port, array, device = printed.stdout.split()
+        host, port, engine_id, array, device = printed.stdout.split()
         assert host == "127.0.0.1" and (host, int(port)) in _listening(proc.pid)
         # the shard at process 1's device: [2, 3]
-        request = json.dumps({"key": array, "boxes": [[int(device), [[2 * proc.process_index,
-                                                                       2 * proc.process_index
-                                                                       + 1]]]]}).encode()
-        assert _ask_shards((host, int(port)), b"not the cluster's key", request) == b""
-        answer = _ask_shards((host, int(port)), key, request)
-        assert answer.endswith(struct.pack("<f", 2.0 * proc.process_index))
-
-
-def _ask_shards(address: tuple[str, int], key: bytes, request: bytes) -> bytes:
-    """Everything a shard server sends for ``request`` signed with ``key``, until it hangs up."""
-    with socket.create_connection(address, timeout=10) as conn:
-        challenge = conn.recv(16)
-        signature = hmac.new(key, challenge + request, hashlib.sha256).digest()
-        conn.sendall(struct.pack("!I", len(request)) + request + signature)
-        answer = b""
-        while more := conn.recv(65536):
-            answer += more
-    return answer
+        start = 2 * proc.process_index
+        request = {"key": array, "boxes": [[int(device), [[start, start + 1]]]]}
+        endpoint = f"tcp://{host}:{port}"
+        with pytest.raises(link.CallError, match="no answer within 2 s"):
+            link.exchange(link.signing(b"not the cluster's key"), endpoint, int(engine_id),
+                          request, 2, 2)
+        answer, [box] = link.exchange(link.signing(key), endpoint, int(engine_id), request, 10,
+                                      30)
+        assert bytes(box) == struct.pack("<f", 2.0 * proc.process_index)
+        assert answer["digests"] == [hashlib.sha256(box).hexdigest()]

@@ -53,12 +53,6 @@ def publish(kernel: Any, msg_type: str, content: dict[str, Any], parent: dict[st
                         ident=f"kernel.{kernel.ident}.{msg_type}".encode())
 
 
-def session_key() -> bytes:
-    """The key the cluster's messages are signed with (empty outside a kernel)."""
-    found = kernel()
-    return b"" if found is None else bytes(found.session.key)
-
-
 Reply = Callable[[dict[str, Any]], None]
 
 

@@ -360,6 +360,13 @@ def _owner_failed(arr: Any, owner: int, e: shards.OwnerError) -> str:
             "It has probably died; `%jax_cluster status` says which processes are alive. "
             "After `%jax_cluster restart`, make the array again."
         )
+    if e.why.startswith(shards.ALTERED):
+        return (
+            f"Process {owner}'s part of {what} arrived altered on its way to this process "
+            f"({e.why.partition(': ')[2]}), so none of it was used. Something on the network "
+            f"between this host and process {owner}'s changed it: read it again, and if it "
+            "recurs, check that network."
+        )
     if e.why == "deleted":
         return (
             f"Process {owner} no longer holds its part of {what}: it was deleted there "

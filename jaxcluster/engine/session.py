@@ -79,9 +79,12 @@ class EngineSession:
         state = jax_internals.coordination()
         if state is None or state.client is None or state.process_id is None:
             return
+        kernel = ipykernel_internals.kernel()
+        if kernel is None:
+            return
         address = self.address or _address_towards(state.coordinator_address or "127.0.0.1:0")
-        shards.serve(address, ipykernel_internals.session_key(), state.process_id,
-                     state.client, self.machine)
+        shards.serve(address, bytes(kernel.session.key), kernel.session.signature_scheme,
+                     kernel.engine_id, state.process_id, state.client, self.machine)
 
 
 def _shell() -> Any:

@@ -6,50 +6,50 @@ Why by hand: JAX offers no way for one process to read another's shards on its o
 ``if jax.process_index() == 0:``), and JAX's transfer server moves arrays only between processes
 that both call ``device_put``.
 
-Each engine serves its shards on a thread, over TCP, on the address its other cluster ports use
-(gloo's, JAX's transfer server); the address is published in ``jax.distributed``'s key-value
-store. A connection opens with a random challenge from the server; the request is JSON, signed
-with HMAC-SHA256 under the cluster's key (ipyparallel's, which every engine holds) over the
-challenge and the request, so only the cluster's processes read. It names an array by the key
-every process gives it (``values.py``) and boxes (global ``[start, stop)`` per axis) of shards on
-named devices; the answer is a JSON header, then each box's bytes in C order, then the server
-hangs up. An owner on the reader's machine (as their published host facts show) writes the
-boxes straight into the reader's array in ``/dev/shm`` instead: one copy, no socket buffers.
+Each engine serves its shards on a link server of its own (``jaxcluster.link``: a ROUTER on
+a thread of its own, over TCP, on the address its other cluster ports use: gloo's, JAX's transfer
+server), whose endpoint and engine id are published in ``jax.distributed``'s key-value store. A
+read asks through ``link.exchange``: a hello first, which only the owner's engine answers, signed
+with the cluster's key (ipyparallel's, which every engine holds: the store's word alone is
+trusted for nothing), then the request, signed, naming an array by the key every process gives
+it (``values.py``) and boxes (global ``[start, stop)`` per axis) of shards on named devices. The
+signed answer names each box's size and SHA-256; its bytes follow in C order, unsigned, and are
+checked against those before any reaches the reader's array. An owner on the reader's machine
+(as their published host facts show) writes the boxes straight into the reader's array in
+``/dev/shm`` instead: one copy, no socket buffers.
 An array is looked up when asked for and held only while answering, unless this process
 expects readers of it (``values.pin``).
 """
 
 from __future__ import annotations
 
-import contextlib
+import concurrent.futures
 import hashlib
-import hmac
 import json
 import mmap
 import os
-import socket
-import struct
 import threading
 import uuid
 from typing import Any
 
+from ..link import CallError, LinkServer, exchange, loop_of_its_own, signing
 from . import jax_internals, values
 
-CHALLENGE_BYTES = 16
-CONNECT_TIMEOUT = 4.0  # a live owner accepts at once, busy or not: its server is a thread
-STALL_TIMEOUT = 30.0  # seconds without a byte before a read gives up on an owner
+CONNECT_TIMEOUT = 4.0  # a live owner answers a hello at once, busy or not: its server is a thread
+STALL_TIMEOUT = 30.0  # seconds without an answer, after the owner made the array
 MAKE_TIMEOUT = 120.0  # how long an owner behind the reader may take to make the array
 ADDRESS_KEY = "jaxcluster/shards/{}"
-_HEADER = struct.Struct("!I")
+ALTERED = "its answer arrived altered"
 
 SHARED_DIR = "/dev/shm"
 PREFIX = "jaxcluster-read-"
 Box = list[tuple[int, int]]
 
-# shared_memory: owners on this machine write into the reader's memory (the fast path; TCP is
-# the general one, which tests compare it with)
-_state: dict[str, Any] = {"key": b"", "address": None, "addresses": {}, "machine": None,
-                          "shared_memory": True}
+# address: this process's server's (host, port); addresses: what each owner published, as
+# read; shared_memory: owners on this machine write into the reader's memory (the fast path;
+# TCP is the general one, which tests compare it with)
+_state: dict[str, Any] = {"session": None, "loop": None, "address": None, "addresses": {},
+                          "machine": None, "shared_memory": True}
 
 
 class OwnerError(RuntimeError):
@@ -60,68 +60,74 @@ class OwnerError(RuntimeError):
         self.why, self.lost = why, lost
 
 
-def serve(address: str, key: bytes, process_index: int, kv_client: Any,
-          machine: str | None) -> tuple[str, int] | None:
-    """Serve this process's shards on ``address`` and publish where, with the ``machine`` it
-    runs on (``process.machine``); None without a key (an unsigned server would let anyone on
-    the network read the arrays)."""
+def serve(address: str, key: bytes, scheme: str, engine_id: int, process_index: int,
+          kv_client: Any, machine: str | None) -> tuple[str, int] | None:
+    """Serve this process's shards on ``address`` and publish where, with this engine's id and
+    the ``machine`` it runs on (``process.machine``); None without a key (an unsigned server
+    would let anyone on the network read the arrays)."""
     served: tuple[str, int] | None = _state["address"]
     if served is not None:
         return served
     if not key:
         return None
-    listener = socket.create_server((address, 0))
-    served = (address, listener.getsockname()[1])
-    _state.update(key=key, address=served, machine=machine)
-    threading.Thread(target=_accept, args=(listener,), name="jaxcluster-shards",
-                     daemon=True).start()
+    loop = loop_of_its_own("jaxcluster-shards")
+    host = f"[{address}]" if ":" in address else address
+    server = _on_loop(loop, lambda: LinkServer(key, scheme, f"tcp://{host}:0", _answer,
+                                                    loop, engine_id))
+    endpoint = server.endpoint
+    served = (address, int(endpoint.rsplit(":", 1)[1]))
+    _state.update(session=signing(key, scheme), loop=loop, address=served, machine=machine)
     kv_client.key_value_set(ADDRESS_KEY.format(process_index),
-                            json.dumps({"address": served, "machine": machine}),
+                            json.dumps({"endpoint": endpoint, "engine_id": engine_id,
+                                        "machine": machine}),
                             allow_overwrite=True)
     return served
 
 
-def _accept(listener: socket.socket) -> None:
-    while True:
+def _on_loop(loop: Any, make: Any) -> Any:
+    """``make()`` run on ``loop``'s thread (a socket is made where it is served), its value."""
+    made: concurrent.futures.Future[Any] = concurrent.futures.Future()
+
+    def run() -> None:
         try:
-            conn, _ = listener.accept()
-        except OSError:
-            return
-        threading.Thread(target=_serve, args=(conn,), name="jaxcluster-shard", daemon=True).start()
+            made.set_result(make())
+        except BaseException as e:
+            made.set_exception(e)
+
+    loop.add_callback(run)
+    return made.result()
 
 
-def _serve(conn: socket.socket) -> None:
+def _answer(request: dict[str, Any], reply: Any) -> None:
+    """On the server's loop: each request on a thread of its own (an owner behind the reader
+    makes the array first), its answer sent from the loop."""
+    threading.Thread(target=_serve, args=(request, reply), name="jaxcluster-shard",
+                     daemon=True).start()
+
+
+def _serve(request: dict[str, Any], reply: Any) -> None:
     import numpy as np
 
-    with conn, contextlib.suppress(OSError):
-        conn.settimeout(STALL_TIMEOUT)
-        challenge = os.urandom(CHALLENGE_BYTES)
-        conn.sendall(challenge)
-        (size,) = _HEADER.unpack(_recv_exactly(conn, _HEADER.size))
-        if size > 1 << 20:
-            return
-        body = _recv_exactly(conn, size)
-        signature = _recv_exactly(conn, hashlib.sha256().digest_size)
-        if not hmac.compare_digest(signature, _sign(challenge + body)):
-            return  # not the cluster's: hang up without a word
-        request = json.loads(body)
-        buffers: list[Any] = []
-        try:
-            found = _boxes(request)
-            if "into" in request:  # a reader on this machine: straight into its memory
-                _write_into(request["into"], found)
-                header: dict[str, Any] = {"written": len(found)}
-            else:
-                buffers = [_bytes_of(np.ascontiguousarray(box)) for box in found]
-                header = {"sizes": [b.nbytes for b in buffers]}
-        except Exception as e:
-            header = {"error": str(e) or type(e).__name__}
-        encoded = json.dumps(header).encode()
-        conn.sendall(_HEADER.pack(len(encoded)) + encoded)
-        for buffer in buffers:
-            conn.sendall(buffer)
-        if "error" not in header:
-            values.served(request["key"])
+    loop = _state["loop"]
+    try:
+        found = _boxes(request)
+        if "into" in request:  # a reader on this machine: straight into its memory
+            _write_into(request["into"], found)
+            answer: dict[str, Any] = {"written": len(found)}
+            buffers = []
+        else:
+            buffers = [_bytes_of(np.ascontiguousarray(box)) for box in found]
+            answer = {"sizes": [b.nbytes for b in buffers],
+                      "digests": [hashlib.sha256(b).hexdigest() for b in buffers]}
+    except Exception as e:
+        loop.add_callback(reply, {"error": str(e) or type(e).__name__})
+        return
+
+    def send() -> None:
+        reply({"value": answer}, buffers)
+        values.served(request["key"])
+
+    loop.add_callback(send)
 
 
 def _boxes(request: dict[str, Any]) -> list[Any]:
@@ -170,46 +176,46 @@ def fetch(owner: int, key: str, boxes: list[tuple[int, Box, Box]], out: Any,
     """Read ``boxes`` (device id, global box, where in ``out``) of array ``key`` from process
     ``owner`` into ``out``; with ``shared``, the path of ``out``'s shared memory, the owner
     (on this machine) writes them there itself. Raises ``OwnerError``."""
+    import numpy as np
+
     request: dict[str, Any] = {"key": key, "boxes": [[d, box] for d, box, _ in boxes]}
     if shared is not None:
         request["into"] = {"path": shared, "shape": out.shape, "at": [at for _, _, at in boxes]}
-    body = json.dumps(request).encode()
     try:
-        with socket.create_connection(_address_of(owner), timeout=CONNECT_TIMEOUT) as conn:
-            conn.settimeout(STALL_TIMEOUT)
-            challenge = _recv_exactly(conn, CHALLENGE_BYTES)
-            conn.sendall(_HEADER.pack(len(body)) + body + _sign(challenge + body))
-            conn.settimeout(MAKE_TIMEOUT + STALL_TIMEOUT)  # an owner behind makes it first
-            (size,) = _HEADER.unpack(_recv_exactly(conn, _HEADER.size))
-            conn.settimeout(STALL_TIMEOUT)
-            header = json.loads(_recv_exactly(conn, size))
-            if "error" in header:
-                raise OwnerError(header["error"], lost=False)
-            if shared is not None:
-                return
-            for (_, _, at), nbytes in zip(boxes, header["sizes"], strict=True):
-                dest = out[view_index(at)]
-                if dest.nbytes != nbytes:
-                    raise OwnerError("its shard is not the shape asked for", lost=False)
-                if dest.flags.c_contiguous:
-                    _recv_into(conn, _bytes_of(dest))
-                else:  # a box inside a larger destination: through a buffer of its own
-                    part = dest.copy()  # C-contiguous, of its shape
-                    _recv_into(conn, _bytes_of(part))
-                    dest[...] = part
-    except OwnerError:
-        raise
-    except (OSError, EOFError, json.JSONDecodeError, struct.error) as e:
-        _state["addresses"].pop(owner, None)  # a restarted cluster publishes anew
-        raise OwnerError(_unreachable(e), lost=True) from None
+        published = _published(owner)
+        answer, buffers = exchange(
+            _state["session"], published["endpoint"], published["engine_id"], request,
+            CONNECT_TIMEOUT, MAKE_TIMEOUT + STALL_TIMEOUT)  # an owner behind makes it first
+    except CallError as e:
+        if e.lost:
+            _state["addresses"].pop(owner, None)  # a restarted cluster publishes anew
+        raise OwnerError(str(e), lost=e.lost) from None
+    except (OSError, json.JSONDecodeError, KeyError) as e:
+        raise OwnerError(f"{type(e).__name__}: {e}", lost=True) from None
+    if shared is not None:
+        return
+    digests = answer.get("digests", []) if isinstance(answer, dict) else []
+    if len(buffers) != len(boxes) or len(digests) != len(boxes):
+        raise OwnerError(f"its answer has {len(buffers)} of the {len(boxes)} boxes asked for",
+                         lost=False)
+    places = [out[view_index(at)] for _, _, at in boxes]
+    for i, (dest, buffer, digest) in enumerate(zip(places, buffers, digests, strict=True)):
+        if dest.nbytes != buffer.nbytes:
+            raise OwnerError("its shard is not the shape asked for", lost=False)
+        if (arrived := hashlib.sha256(buffer).hexdigest()) != digest:
+            raise OwnerError(f"{ALTERED}: box {i}'s bytes have SHA-256 {arrived}, the owner "
+                             f"sent {digest}", lost=False)
+    for dest, buffer in zip(places, buffers, strict=True):
+        dest[...] = np.frombuffer(buffer, out.dtype).reshape(dest.shape)
 
 
 def _address_of(owner: int) -> tuple[str, int]:
-    return _published(owner)["address"]
+    host, port = _published(owner)["endpoint"].removeprefix("tcp://").rsplit(":", 1)
+    return host.strip("[]"), int(port)
 
 
 def _published(owner: int) -> dict[str, Any]:
-    """What ``owner`` published: its server's address and its machine."""
+    """What ``owner`` published: its server's endpoint, its engine's id and its machine."""
     cached = _state["addresses"].get(owner)
     if cached is None:
         state = jax_internals.coordination()
@@ -218,7 +224,6 @@ def _published(owner: int) -> dict[str, Any]:
             raise ConnectionError("jax.distributed is not initialized here")
         cached = json.loads(client.blocking_key_value_get(ADDRESS_KEY.format(owner),
                                                           int(CONNECT_TIMEOUT * 1000)))
-        cached["address"] = tuple(cached["address"])
         _state["addresses"][owner] = cached
     return cached
 
@@ -259,16 +264,6 @@ def shared_array(shape: tuple[int, ...], dtype: Any) -> tuple[Any, str] | None:
     return np.ndarray(shape, dtype, buffer=mapping), path  # the array keeps the mapping
 
 
-def _unreachable(e: Exception) -> str:
-    if isinstance(e, ConnectionRefusedError):
-        return "nothing listens at its address any more"
-    if isinstance(e, TimeoutError | socket.timeout):
-        return "it did not answer in time"
-    if isinstance(e, EOFError | ConnectionResetError | BrokenPipeError):
-        return "it hung up in the middle of the read"
-    return f"{type(e).__name__}: {e}"
-
-
 def view_index(box: Box) -> tuple[Any, ...]:
     """The index of ``box`` in a NumPy array; with ``...`` it gives a view, also of a 0-d one."""
     return (*(slice(a, b) for a, b in box), ...)
@@ -279,23 +274,3 @@ def _bytes_of(contiguous: Any) -> Any:
     import numpy as np
 
     return contiguous.reshape(-1).view(np.uint8)
-
-
-def _sign(data: bytes) -> bytes:
-    return hmac.new(_state["key"], data, hashlib.sha256).digest()
-
-
-def _recv_exactly(conn: socket.socket, size: int) -> bytes:
-    data = bytearray(size)
-    _recv_into(conn, memoryview(data))
-    return bytes(data)
-
-
-def _recv_into(conn: socket.socket, view: Any) -> None:
-    view = memoryview(view)
-    got = 0
-    while got < len(view):
-        n = conn.recv_into(view[got:])
-        if n == 0:
-            raise EOFError
-        got += n

@@ -29,12 +29,14 @@ def signing(key: bytes, scheme: str = "hmac-sha256") -> Session:
                    username="jaxcluster", check_pid=False)
 
 
-def read(session: Session, frames: list[bytes], where: str) -> tuple[list[bytes], dict] | None:
-    """The routing identities and the message ``frames`` hold; None (logged) for what is not a
-    message of the link signed with the key, once."""
+def read(session: Session, frames: list[Any], where: str,
+         copy: bool = True) -> tuple[list[Any], dict] | None:
+    """The routing identities and the message ``frames`` hold (bytes, or with ``copy`` off
+    pyzmq's frames, whose buffers then stay unread); None (logged) for what is not a message of
+    the link signed with the key, once."""
     try:
-        idents, rest = session.feed_identities(frames, copy=True)
-        message: dict[str, Any] = session.deserialize(rest, content=True, copy=True)
+        idents, rest = session.feed_identities(frames, copy=copy)
+        message: dict[str, Any] = session.deserialize(rest, content=True, copy=copy)
     except Exception as e:  # unsigned, altered, replayed, or not a message at all
         log.warning("%s refused a message: %s", where, str(e)[:200])
         return None

@@ -1,6 +1,8 @@
 """The link's listening half, on a process: a ROUTER socket served by an event loop, answering
-each signed request with ``handle(content, reply)``; ``reply`` takes the answer's content, at
-once or later (a cell that awaits), on the loop's thread.
+each signed request with ``handle(content, reply)``; ``reply`` takes the answer's content (and
+raw buffers after it, unsigned), at once or later (a cell that awaits), on the loop's thread.
+The loop is the kernel's (calls for the main thread) or one of its own (``loop_of_its_own``,
+for a server that answers while the main thread runs a cell).
 
 What is not a signed request of this cluster (random bytes, another key's, a replay) is
 refused by ``messages.read`` and dropped; the socket and the loop go on serving the others.
@@ -8,15 +10,19 @@ refused by ``messages.read`` and dropped; the socket and the loop go on serving 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import asyncio
+import concurrent.futures
+import threading
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import zmq
+from tornado.ioloop import IOLoop
 from zmq.eventloop.zmqstream import ZMQStream
 
 from .messages import REPLY, REQUEST, read, signing
 
-Reply = Callable[[dict[str, Any]], None]
+Reply = Callable[..., None]  # (content, buffers=()), on the loop's thread
 Handler = Callable[[dict[str, Any], Reply], None]
 
 
@@ -43,10 +49,11 @@ class LinkServer:
             return
         idents, request = message
 
-        def reply(content: dict[str, Any]) -> None:
+        def reply(content: dict[str, Any], buffers: Sequence[Any] = ()) -> None:
             # on the socket itself, this loop's thread's: the stream would send a turn later
-            self._session.send(self._socket, REPLY, content, parent=request,
-                               ident=idents)
+            # (large buffers go uncopied: pyzmq holds them until sent)
+            self._session.send(self._socket, REPLY, content, parent=request, ident=idents,
+                               buffers=list(buffers))
 
         content = request["content"]
         if content.get("engine_id") != self._engine_id:
@@ -59,3 +66,17 @@ class LinkServer:
 
     def close(self) -> None:
         self._stream.close()
+
+
+def loop_of_its_own(name: str) -> IOLoop:
+    """A tornado loop running on a new daemon thread named ``name``."""
+    started: concurrent.futures.Future[IOLoop] = concurrent.futures.Future()
+
+    def run() -> None:
+        asyncio.set_event_loop(asyncio.new_event_loop())
+        loop = IOLoop.current()
+        started.set_result(loop)
+        loop.start()
+
+    threading.Thread(target=run, name=name, daemon=True).start()
+    return started.result()
