@@ -14,8 +14,7 @@ with the key as Jupyter signs its messages (HMAC-SHA256), over a number the keep
 the connection (``signed``): the key never travels, and a message is good on its connection
 only. A connection's first names the operation; a host's line, once opened, relays the
 forking process's own lines. Only the standard library before the end: it stays small. Its
-private records, sockets and signed greetings serve a published cluster too
-(``published.py``).
+private records serve a published cluster too (``published.py``).
 
 Run as ``python -m jaxcluster.cluster.keeper NAME IDLE_SECONDS``; it prints ``ready`` once its
 record is written.

@@ -1,9 +1,9 @@
 """A running cluster published for viewers in other processes (the JupyterLab panel's server
 extension, ``panel/``): a record (``jaxcluster-live-KEY.json``: pid, socket, the secret its
-messages are signed with) and a Unix socket, both 0600 in the user's Jupyter runtime folder,
-spoken to as a kept cluster's keeper is (``keeper.signed``).
+messages are signed with) and a link server (``jaxcluster.link``) on a Unix socket, both 0600
+in the user's Jupyter runtime folder; every request and answer is signed with the secret.
 
-The socket's thread answers from the health feed alone: its latest snapshot as rows
+The server's thread answers from the health feed alone: its latest snapshot as rows
 (``render/live.py``), and interrupts, noted in the feed for the running cell's watcher to send.
 It never calls ipyparallel's client, never waits on a process, never starts a collective.
 Restart and stop are the kernel's to run: a viewer sends them as code (``act``), which the
@@ -15,27 +15,18 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
-import socket
-import threading
 import time
 import uuid
 from typing import Any
 
 from ..contracts import HealthSnapshot
+from ..link import CallError, LinkServer, exchange, loop_of_its_own, made_on, signing
 from ..render.live import rows
-from .keeper import (
-    greet,
-    greeted,
-    live_records,
-    private_server,
-    runtime_dir,
-    signed,
-    verified,
-    write_private,
-)
+from .keeper import live_records, runtime_dir, write_private
 
 PREFIX = "jaxcluster-live-"
 ASK_SECONDS = 2.0  # for a published cluster's thread to answer: it never waits on processes
+SCHEME = "hmac-sha256"
 
 _published: dict[str, Published] = {}  # in the kernel: its clusters, by key
 
@@ -50,39 +41,38 @@ class Published:
         self.record = os.path.join(folder, f"{PREFIX}{self.key}.json")
         self.socket_path = os.path.join(folder, f"{PREFIX}{self.key}.sock")
         self.secret = secrets.token_hex(32)
-        self._server = private_server(self.socket_path)
+        self._loop = loop_of_its_own("jaxcluster-published")
+        self._server = made_on(self._loop, self._listen)
         write_private(self.record, {"key": self.key, "pid": os.getpid(), "secret": self.secret,
                                     "socket": self.socket_path, "started": time.time()})
         _published[self.key] = self
-        threading.Thread(target=self._accept, name="jaxcluster-published", daemon=True).start()
+
+    def _listen(self) -> LinkServer:
+        old = os.umask(0o177)  # 0600 from birth: no moment where another user may connect
+        try:
+            return LinkServer(self.secret.encode(), SCHEME, f"ipc://{self.socket_path}",
+                              self._reply, self._loop, int(self.key, 16))
+        finally:
+            os.umask(old)
 
     def close(self) -> None:
         _published.pop(self.key, None)
-        with contextlib.suppress(OSError):
-            self._server.shutdown(socket.SHUT_RDWR)
-        self._server.close()
+
+        def end() -> None:
+            self._server.close()
+            self._loop.stop()
+
+        self._loop.add_callback(end)
         for path in (self.record, self.socket_path):
             with contextlib.suppress(OSError):
                 os.unlink(path)
 
-    def _accept(self) -> None:
-        while True:
-            try:
-                connection, _ = self._server.accept()
-            except OSError:  # closed
-                return
-            with connection:
-                connection.settimeout(ASK_SECONDS)
-                with contextlib.suppress(OSError, ValueError):
-                    first = greeted(connection, self.secret)
-                    if first is None:
-                        continue  # not signed with the secret: not this user's viewer
-                    message, nonce, _ = first
-                    try:
-                        answer = self._answer(message)
-                    except Exception as e:  # said to the viewer: this thread serves the next
-                        answer = {"error": f"{type(e).__name__}: {e}"}
-                    connection.sendall(signed(self.secret, nonce, answer))
+    def _reply(self, message: dict[str, Any], reply: Any) -> None:
+        try:
+            answer = self._answer(message)
+        except Exception as e:  # said to the viewer: the server serves the next
+            answer = {"error": f"{type(e).__name__}: {e}"}
+        reply({"value": answer})
 
     def _answer(self, message: dict[str, Any]) -> dict[str, Any]:
         running = self.cluster._running  # replaced whole by a start, a restart or a stop
@@ -133,9 +123,10 @@ def records() -> list[dict[str, Any]]:
 
 def ask(record: dict[str, Any], op: str, **message: Any) -> dict[str, Any]:
     """One request to a published cluster (``rows``, or ``interrupt`` with ``process``)."""
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as connection:
-        connection.settimeout(ASK_SECONDS)
-        connection.connect(record["socket"])
-        reader, nonce = greet(connection, record["secret"], {"op": op, **message})
-        answer = verified(record["secret"], nonce, reader.readline())
-    return answer if answer is not None else {"error": "no answer"}
+    try:
+        answer, _ = exchange(signing(record["secret"].encode(), SCHEME),
+                             f"ipc://{record['socket']}", int(record["key"], 16),
+                             {"op": op, **message}, ASK_SECONDS, ASK_SECONDS)
+    except CallError as e:
+        return {"error": "no answer" if e.lost else str(e)}
+    return answer if isinstance(answer, dict) else {"error": "no answer"}

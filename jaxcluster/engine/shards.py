@@ -23,7 +23,6 @@ expects readers of it (``values.pin``).
 
 from __future__ import annotations
 
-import concurrent.futures
 import hashlib
 import json
 import mmap
@@ -32,7 +31,7 @@ import threading
 import uuid
 from typing import Any
 
-from ..link import CallError, LinkServer, exchange, loop_of_its_own, signing
+from ..link import CallError, LinkServer, exchange, loop_of_its_own, made_on, signing
 from . import jax_internals, values
 
 CONNECT_TIMEOUT = 4.0  # a live owner answers a hello at once, busy or not: its server is a thread
@@ -72,7 +71,7 @@ def serve(address: str, key: bytes, scheme: str, engine_id: int, process_index: 
         return None
     loop = loop_of_its_own("jaxcluster-shards")
     host = f"[{address}]" if ":" in address else address
-    server = _on_loop(loop, lambda: LinkServer(key, scheme, f"tcp://{host}:0", _answer,
+    server = made_on(loop, lambda: LinkServer(key, scheme, f"tcp://{host}:0", _answer,
                                                     loop, engine_id))
     endpoint = server.endpoint
     served = (address, int(endpoint.rsplit(":", 1)[1]))
@@ -82,20 +81,6 @@ def serve(address: str, key: bytes, scheme: str, engine_id: int, process_index: 
                                         "machine": machine}),
                             allow_overwrite=True)
     return served
-
-
-def _on_loop(loop: Any, make: Any) -> Any:
-    """``make()`` run on ``loop``'s thread (a socket is made where it is served), its value."""
-    made: concurrent.futures.Future[Any] = concurrent.futures.Future()
-
-    def run() -> None:
-        try:
-            made.set_result(make())
-        except BaseException as e:
-            made.set_exception(e)
-
-    loop.add_callback(run)
-    return made.result()
 
 
 def _answer(request: dict[str, Any], reply: Any) -> None:

@@ -1,17 +1,17 @@
 """The link, the one way to reach a process by name: ``LinkServer`` is a process's listening
-half (on the kernel's loop or on ``loop_of_its_own``), ``Link`` the notebook's end for one
-cluster's processes, ``exchange`` one request of a process to another, ``signing`` the session
-every message is signed with, ``CallError`` the one error a call ends in (``lost``: its process
-is gone) and ``NO_ANSWER`` how the error of one not answered in time begins; every message is a
-jupyter_client ``Session`` message, JSON only (raw buffers may follow an answer, checked by
-digests it names), signed with the cluster's key, and one with another key's signature, an
-altered body or a signature seen before is refused, logged and dropped, its listener serving
-on."""
+half (on the kernel's loop or on ``loop_of_its_own``, made there by ``made_on``), ``Link`` the
+notebook's end for one cluster's processes, ``exchange`` one request of a process to another,
+``signing`` the session every message is signed with, ``CallError`` the one error a call ends in
+(``lost``: its process is gone) and ``NO_ANSWER`` how the error of one not answered in time
+begins; every message is a jupyter_client ``Session`` message, JSON only (raw buffers may follow
+an answer, checked by digests it names), signed with the cluster's key, and one with another
+key's signature, an altered body or a signature seen before is refused, logged and dropped, its
+listener serving on."""
 
 from .client import NO_ANSWER, CallError, Link
 from .messages import signing
 from .one_request import exchange
-from .server import LinkServer, loop_of_its_own
+from .server import LinkServer, loop_of_its_own, made_on
 
 __all__ = ["NO_ANSWER", "CallError", "Link", "LinkServer", "exchange", "loop_of_its_own",
-           "signing"]
+           "made_on", "signing"]

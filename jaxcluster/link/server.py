@@ -80,3 +80,17 @@ def loop_of_its_own(name: str) -> IOLoop:
 
     threading.Thread(target=run, name=name, daemon=True).start()
     return started.result()
+
+
+def made_on(loop: IOLoop, make: Callable[[], Any]) -> Any:
+    """``make()`` run on ``loop``'s thread (a socket is made where it is served), its value."""
+    made: concurrent.futures.Future[Any] = concurrent.futures.Future()
+
+    def run() -> None:
+        try:
+            made.set_result(make())
+        except BaseException as e:
+            made.set_exception(e)
+
+    loop.add_callback(run)
+    return made.result()
