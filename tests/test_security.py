@@ -4,6 +4,7 @@ machine with and without ``--ip 127.0.0.1``."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -174,6 +175,49 @@ def test_garbage_and_silent_connections_on_every_link_leave_the_running_cell_who
     finally:
         for conn in held:
             conn.close()
+
+
+def test_garbage_at_every_port_of_the_controller_leaves_the_running_cell_whole(cluster):
+    """While a cell prints on every process: frames that are no message, and one with a wrong
+    signature, at every port of the controller's, from a publisher and a dealer each. Some reach
+    the notebook's client (the controller relays its engines' iopub whole): it drops them, where
+    ipyparallel's stream closed, the cell's output stopped and no later cell's came back."""
+    import threading
+
+    ports = set()
+    for side in ("engine", "client"):
+        with open(cluster.ipp_cluster.controller.connection_files[side]) as f:
+            info = json.load(f)
+        for name, value in info.items():
+            for port in value if isinstance(value, list) else [value]:
+                if name not in ("key", "pack", "unpack") and isinstance(port, int) and port:
+                    ports.add(port)
+    assert len(ports) >= 6, ports
+    done: list = []
+    cell = threading.Thread(target=lambda: done.append(cluster.run(
+        "import time\nfor i in range(6):\n    print(i, flush=True)\n    time.sleep(0.3)")))
+    cell.start()
+    peers = []
+    try:
+        for port in sorted(ports):
+            for kind in (zmq.PUB, zmq.DEALER):
+                peer = zmq.Context.instance().socket(kind)
+                peer.linger = 0
+                peer.connect(f"tcp://127.0.0.1:{port}")  # a local cluster listens there
+                peers.append(peer)
+        time.sleep(0.5)  # the publishers' subscriptions arrive: what they send then is read
+        for peer in peers:
+            for frames in ([os.urandom(n) for n in (1, 64, 4096)], [b"x"],
+                           [b"<IDS|MSG>", b"0" * 64, b"{}", b"{}", b"{}", b"{}"]):
+                with contextlib.suppress(zmq.Again):
+                    peer.send_multipart(frames, zmq.NOBLOCK)
+        cell.join(60)
+        processes = len(cluster.processes)
+        assert [p.stdout for p in done[0].processes] == ["0\n1\n2\n3\n4\n5\n"] * processes
+        assert [p.stdout for p in cluster.run("print('next')").processes] == ["next\n"] * processes
+    finally:
+        for peer in peers:
+            peer.close()
 
 
 def test_local_gloo_listens_on_loopback(cluster):

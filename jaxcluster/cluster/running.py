@@ -23,6 +23,7 @@ from ..cells.process_calls import ProcessCalls
 from ..contracts import ProcessInfo, ProcessStatus, Progress
 from ..link import Link
 from . import bringup, distributed
+from .client_streams import drop_unreadable
 from .event_loop import LoopThread
 from .health import Health
 from .health_feed import HealthFeed, Poller
@@ -69,6 +70,7 @@ class RunningCluster:
     def take(self, job: distributed.JaxProcesses) -> None:
         """The processes of a start or restart: calls to them, a view, the feed polling them."""
         assert self.client is not None
+        drop_unreadable(self.client)
         self._stop_polling()
         self.job = job
         self.processes = job.processes
