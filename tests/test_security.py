@@ -12,6 +12,7 @@ import shutil
 import socket
 import stat
 import struct
+import threading
 import time
 
 import psutil
@@ -136,8 +137,6 @@ def test_garbage_and_silent_connections_on_every_link_leave_the_running_cell_who
     at its shard server's, random ZMQ frames, and a connection held open that says nothing.
     The cell's output comes back whole on every process, and the next cell runs and reads
     another process's shards."""
-    import threading
-
     servers = cluster.run(
         "import jax, jax.numpy as jnp, numpy as np\n"
         "from jax.sharding import Mesh, NamedSharding, PartitionSpec as P\n"
@@ -150,10 +149,7 @@ def test_garbage_and_silent_connections_on_every_link_leave_the_running_cell_who
         (socket.AF_UNIX, path.removeprefix("ipc://"), path) for path in links]
     ends += [(socket.AF_INET, (host, int(port)), f"tcp://{host}:{port}")
              for host, port in (p.stdout.split() for p in servers.processes)]
-    done: list = []
-    cell = threading.Thread(target=lambda: done.append(cluster.run(
-        "import time\nfor i in range(4):\n    print(i, flush=True)\n    time.sleep(0.2)")))
-    cell.start()
+    cell, done = _printing(cluster, 4)
     held = []
     try:
         for family, end, endpoint in ends:
@@ -182,8 +178,6 @@ def test_garbage_at_every_port_of_the_controller_leaves_the_running_cell_whole(c
     signature, at every port of the controller's, from a publisher and a dealer each. Some reach
     the notebook's client (the controller relays its engines' iopub whole): it drops them, where
     ipyparallel's stream closed, the cell's output stopped and no later cell's came back."""
-    import threading
-
     ports = set()
     for side in ("engine", "client"):
         with open(cluster.ipp_cluster.controller.connection_files[side]) as f:
@@ -193,10 +187,7 @@ def test_garbage_at_every_port_of_the_controller_leaves_the_running_cell_whole(c
                 if name not in ("key", "pack", "unpack") and isinstance(port, int) and port:
                     ports.add(port)
     assert len(ports) >= 6, ports
-    done: list = []
-    cell = threading.Thread(target=lambda: done.append(cluster.run(
-        "import time\nfor i in range(6):\n    print(i, flush=True)\n    time.sleep(0.3)")))
-    cell.start()
+    cell, done = _printing(cluster, 6)
     peers = []
     try:
         for port in sorted(ports):
@@ -218,6 +209,16 @@ def test_garbage_at_every_port_of_the_controller_leaves_the_running_cell_whole(c
     finally:
         for peer in peers:
             peer.close()
+
+
+def _printing(cluster, lines: int) -> tuple[threading.Thread, list]:
+    """A cell printing ``lines`` lines on every process, a few a second, running on a thread;
+    its result lands in the list."""
+    done: list = []
+    cell = threading.Thread(target=lambda: done.append(cluster.run(
+        f"import time\nfor i in range({lines}):\n    print(i, flush=True)\n    time.sleep(0.3)")))
+    cell.start()
+    return cell, done
 
 
 def test_local_gloo_listens_on_loopback(cluster):
