@@ -13,8 +13,7 @@ from __future__ import annotations
 import concurrent.futures
 from typing import Any
 
-from ..engine.backchannel import REQUEST
-from ..link import NO_ANSWER, CallError
+from ..link import NO_ANSWER, REQUEST, CallError
 
 Replies = tuple[dict[int, Any], dict[int, str]]  # answers and errors, by process index
 

@@ -20,10 +20,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..link import REPLY, REQUEST  # the link's message types: one envelope
 from . import calls, ipykernel_internals
 
-REQUEST = "jaxcluster_request"
-REPLY = "jaxcluster_reply"
 SERVER = "the back channel"  # who refuses a call it does not serve
 
 

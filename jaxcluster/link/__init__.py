@@ -2,16 +2,16 @@
 half (on the kernel's loop or on ``loop_of_its_own``, made there by ``made_on``), ``Link`` the
 notebook's end for one cluster's processes, ``exchange`` one request of a process to another,
 ``signing`` the session every message is signed with, ``CallError`` the one error a call ends in
-(``lost``: its process is gone) and ``NO_ANSWER`` how the error of one not answered in time
-begins; every message is a jupyter_client ``Session`` message, JSON only (raw buffers may follow
-an answer, checked by digests it names), signed with the cluster's key, and one with another
-key's signature, an altered body or a signature seen before is refused, logged and dropped, its
-listener serving on."""
+(``lost``: its process is gone) ``NO_ANSWER`` how the error of one not answered in time begins,
+and ``REQUEST`` and ``REPLY`` its two message types (the back channel's too); every message is a
+jupyter_client ``Session`` message, JSON only (raw buffers may follow an answer, checked by
+digests it names), signed with the cluster's key, and one with another key's signature, an
+altered body or a signature seen before is refused, logged and dropped, its listener serving on."""
 
 from .client import NO_ANSWER, CallError, Link
-from .messages import signing
+from .messages import REPLY, REQUEST, signing
 from .one_request import exchange
 from .server import LinkServer, loop_of_its_own, made_on
 
-__all__ = ["NO_ANSWER", "CallError", "Link", "LinkServer", "exchange", "loop_of_its_own",
-           "made_on", "signing"]
+__all__ = ["NO_ANSWER", "REPLY", "REQUEST", "CallError", "Link", "LinkServer", "exchange",
+           "loop_of_its_own", "made_on", "signing"]
