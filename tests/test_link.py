@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import select
 import socket
 import tempfile
 import threading
@@ -26,6 +27,7 @@ from jaxcluster.link import (
     LinkServer,
     exchange,
     loop_of_its_own,
+    made_on,
     messages,
     one_request,
     signing,
@@ -343,3 +345,39 @@ def test_a_request_to_nothing_or_to_an_owner_that_ends_is_lost_at_once():
     finally:
         never.set()
     assert dropped.value.lost and time.monotonic() - began < 60
+
+
+def test_a_request_that_arrives_while_the_server_answers_another_is_answered_too():
+    # The loop is held while a second caller's hello arrives, and then answers the first: a
+    # reply sent on the socket itself takes in the hello unseen by the stream, which waited on
+    # the socket's descriptor for good (shard reads in the whole suite stalled for 150 s).
+    loop = loop_of_its_own("test-answering")
+    held, first = threading.Event(), []
+
+    def handle(content, reply):
+        if content["n"] == 1:
+            first.append(reply)
+            loop.add_callback(answer_when_another_arrives)
+        else:
+            reply({"value": content["n"]})
+
+    def answer_when_another_arrives():
+        held.set()
+        select.select([server._socket.FD], [], [], 30)  # the second caller knocks meanwhile
+        time.sleep(0.01)  # past ZMQ's own throttle on taking in what arrived
+        first[0]({"value": 1})
+
+    server = made_on(loop, lambda: LinkServer(KEY, "hmac-sha256", "tcp://127.0.0.1:0", handle,
+                                             loop, 7))
+    session = signing(KEY)
+    try:
+        answered: list = []
+        waiting = threading.Thread(target=lambda: answered.append(
+            exchange(session, server.endpoint, 7, {"n": 1}, 10, 10)[0]))
+        waiting.start()
+        assert held.wait(10)
+        assert exchange(session, server.endpoint, 7, {"n": 2}, 10, 10)[0] == 2
+        waiting.join(10)
+        assert answered == [1]
+    finally:
+        loop.add_callback(server.close)

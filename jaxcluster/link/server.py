@@ -50,9 +50,11 @@ class LinkServer:
         idents, request = message
 
         def reply(content: dict[str, Any], buffers: Sequence[Any] = ()) -> None:
-            # on the socket itself, this loop's thread's: the stream would send a turn later
-            # (large buffers go uncopied: pyzmq holds them until sent)
-            self._session.send(self._socket, REPLY, content, parent=request, ident=idents,
+            # through the stream, never the socket itself: a send on the socket may take in a
+            # request that arrived meanwhile, unseen by the stream, which then waits for
+            # the socket's file descriptor forever (it signals arrivals, not what waits); the
+            # stream looks again after each send. Large buffers go uncopied until sent.
+            self._session.send(self._stream, REPLY, content, parent=request, ident=idents,
                                buffers=list(buffers))
 
         content = request["content"]
