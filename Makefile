@@ -44,7 +44,7 @@ PYTEST := IPP_NONINTERACTIVE=1 $(PY) -m pytest $(PARALLEL)
 QUICK_TESTS := tests/test_spmd.py tests/test_cluster.py tests/test_hang_rule.py \
 	tests/test_live_output.py tests/test_output.py tests/test_stdin.py tests/test_call.py \
 	tests/test_targets.py tests/test_global_print.py tests/test_magics_cluster.py \
-	tests/test_magics_config.py tests/test_chatter.py tests/test_inboxes.py \
+	tests/test_magics_config.py tests/test_chatter.py tests/test_link.py \
 	tests/test_architecture.py tests/test_suite_rules.py tests/test_engine_adapters.py \
 	tests/test_jax_adapter.py tests/test_layout_render.py tests/test_options_declared_once.py
 
