@@ -204,6 +204,43 @@ def test_the_architecture_page_quotes_every_folder_and_stays_short():
     assert [name for name in FOLDERS if squeeze(docstring(name)) not in quoted] == []
 
 
+# What makes ipyparallel run something on the processes: a view of the client (``client[...]``,
+# ``client.direct_view()``, ...) and the calls that send a request through it or the client.
+IPYPARALLEL_SENDS = {"apply_async", "apply_sync", "send_apply_request", "send_execute_request",
+                     "_send_control_request", "direct_view", "broadcast_view",
+                     "load_balanced_view", "client[]"}
+# the process-call layer's two routes through ipyparallel, and the user's own view of every
+# process (``JaxCluster.view``, which the package itself never calls)
+ASKS_IPYPARALLEL = {("cells/process_calls.py", "apply_async"),
+                    ("cells/process_calls.py", "client[]"),
+                    ("cells/backchannel.py", "_send_control_request"),
+                    ("cluster/running.py", "client[]")}
+
+
+def _ipyparallel_sends(tree: ast.AST) -> Iterator[tuple[str, int]]:
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr in IPYPARALLEL_SENDS:
+            yield node.attr, node.lineno
+        if isinstance(node, ast.Subscript):
+            of = node.value
+            name = of.attr if isinstance(of, ast.Attribute) else getattr(of, "id", "")
+            if name.lstrip("_") == "client":
+                yield "client[]", node.lineno
+
+
+def test_only_the_process_call_layer_asks_ipyparallel_to_run_code():
+    """Every call of a process goes through ``cells/process_calls.py`` (one timeout, one error,
+    one clean-up of what ipyparallel keeps), whichever route it takes."""
+    found = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for what, line in _ipyparallel_sends(ast.parse(path.read_text())):
+            found.setdefault((str(path.relative_to(PACKAGE)), what), line)
+    strays = [f"{where}:{line} {what}" for (where, what), line in found.items()
+              if (where, what) not in ASKS_IPYPARALLEL]
+    assert strays == [], "call the processes through cells.process_calls.ProcessCalls"
+    assert set(found) == ASKS_IPYPARALLEL  # an exception no longer needed is struck off
+
+
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     """The strongly connected components of more than one node (Tarjan's algorithm)."""
     index: dict[str, int] = {}

@@ -3,13 +3,15 @@ in process order (issue 32), and a deadlock in it diagnosed as a cell's would be
 
 from __future__ import annotations
 
+import threading
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax.experimental import multihost_utils
 
-from jaxcluster.errors import SPMDError
+from jaxcluster.errors import JaxClusterError, SPMDError
 from tests.conftest import fresh
 
 pytestmark = pytest.mark.cluster
@@ -47,6 +49,18 @@ def test_an_error_raises_as_a_cells_would(ready):
 
     with pytest.raises(SPMDError, match="process 2 raised ValueError: not on 2"):
         ready.call(fails)
+    left = ready.run("print(sorted(n for n in globals() if n.startswith('_jaxcluster_call')))")
+    assert [p.stdout.strip() for p in left.processes] == ["[]"] * 4
+
+
+def test_an_argument_that_cannot_be_sent_is_named_and_nothing_runs(ready):
+    with pytest.raises(JaxClusterError) as info:
+        ready.call(lambda lock: 1, threading.Lock())
+    message = str(info.value)
+    assert message == ("Could not send the function to the processes: processes 0-3: the call "
+                       "could not be sent (TypeError: cannot pickle '_thread.lock' object).")
+    assert "cannot be reached" not in message  # the processes are fine
+    assert ready.call(lambda: 1) == [1, 1, 1, 1]
 
 
 def test_a_function_that_deadlocks_one_process_is_diagnosed_like_a_cell(ready):

@@ -7,7 +7,7 @@ import pytest
 
 from jaxcluster.cells.evidence import user_stack
 from jaxcluster.render.cell import _tail
-from jaxcluster.render.labels import collapse, format_ranges, label, parse_process_spec
+from jaxcluster.render.labels import by_process, collapse, format_ranges, label, parse_process_spec
 
 
 @pytest.mark.parametrize(
@@ -47,6 +47,11 @@ def test_collapse_keeps_first_appearance_order():
     items = [(0, "a"), (1, "b"), (2, "a"), (3, "b")]
     assert collapse(items, key=str) == [([0, 2], "a"), ([1, 3], "b")]
     assert collapse(items, key=str, enabled=False) == [([i], v) for i, v in items]
+
+
+def test_errors_by_process_name_each_message_once():
+    errors = {3: "lost", 0: "TypeError: no", 1: "TypeError: no", 2: "TypeError: no"}
+    assert by_process(errors) == "processes 0-2: TypeError: no; process 3: lost"
 
 
 def test_tail_keeps_the_last_lines_and_counts_the_rest():

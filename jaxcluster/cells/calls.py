@@ -3,9 +3,9 @@ a ``%%spmd`` cell runs, with the same lockstep, hang evidence, interrupt and rec
 values in process order.
 
 The function and its arguments cannot ride in the cell's code (the link and the back channel
-carry JSON, never pickles), so ipyparallel carries them as ``View.apply`` would: pushed into
-each process's namespace under one private name, called by a one-line cell, the values pulled
-back the same way, and the names removed.
+carry JSON, never pickles), so ipyparallel carries them (``ProcessCalls``' route for pickled
+values): held in each process's namespace (``engine/cells.py``), called by a one-line cell,
+its value taken back the same way, and both released.
 """
 
 from __future__ import annotations
@@ -13,9 +13,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from ..engine import cells as engine_cells
+from ..errors import JaxClusterError
+from ..render.labels import by_process
 from .handle import ClusterHandle
-
-NAME = "_jaxcluster_call"
 
 
 def call(cluster: ClusterHandle, run: Callable[..., Any], fn: Callable[..., Any],
@@ -25,12 +26,18 @@ def call(cluster: ClusterHandle, run: Callable[..., Any], fn: Callable[..., Any]
     through ``run`` (the cluster's cell runner), its values in process order; a failed call
     raises as its cell would."""
     chosen = targets if targets is not None else [p.process_index for p in cluster.processes]
-    view = cluster.client[[cluster.calls.engine_ids[i] for i in chosen]]
-    view.push({NAME: (fn, args, kwargs)}, block=True)
-    result = run(f"{NAME}_value = {NAME}[0](*{NAME}[1], **{NAME}[2])", targets=targets)
-    try:
+    _check(cluster.calls.call(chosen, engine_cells.hold_call, fn, args, kwargs,
+                              timeout=cluster.timeout)[1], "send the function to")
+    result = run(engine_cells.CALL_CELL, targets=targets)
+    if result.restarted:  # a restart left nothing behind
         result.check()
-        return list(view.pull(f"{NAME}_value", block=True))
-    finally:
-        if not result.restarted:  # a restart left nothing behind
-            view.execute(f"{NAME} = {NAME}_value = None\ndel {NAME}, {NAME}_value", block=True)
+    values, errors = cluster.calls.call(chosen, engine_cells.release_call,
+                                        timeout=cluster.timeout)
+    result.check()  # the cell's own error comes first
+    _check(errors, "read the values of")
+    return [values[p] for p in chosen]
+
+
+def _check(errors: dict[int, str], what: str) -> None:
+    if errors:
+        raise JaxClusterError(f"Could not {what} the processes: {by_process(errors)}.")

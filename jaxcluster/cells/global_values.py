@@ -11,7 +11,7 @@ shards.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,6 +23,8 @@ TOKEN = re.compile(
     + engine_values.CLOSE
 )
 ASK_TIMEOUT = 30.0
+# a call on the processes that printed: (function, *args, timeout=) -> (values, errors)
+Ask = Callable[..., tuple[dict[int, Any], dict[int, str]]]
 
 
 @dataclass
@@ -38,10 +40,11 @@ def has_placeholder(text: str | None) -> bool:
     return bool(text) and engine_values.TOKEN_PREFIX in text  # type: ignore[operator]
 
 
-def resolve(view: Any | None, result: Any, timeout: float = ASK_TIMEOUT) -> Resolution | None:
+def resolve(ask: Ask | None, result: Any, timeout: float = ASK_TIMEOUT) -> Resolution | None:
     """Put global values into ``result``'s printouts (an ``SPMDResult``) in place; None when
-    it printed none. ``view``: every process, all idle; None when they cannot be asked (the
-    placeholders then become JAX's own text and why)."""
+    it printed none. ``ask``: a call on the processes that printed them, all idle
+    (``ProcessCalls.call`` of those); None when they cannot be asked (the placeholders then
+    become JAX's own text and why)."""
     texts = list(_texts(result))
     wanted: dict[str, set[str]] = {}
     for _, text in texts:
@@ -51,15 +54,17 @@ def resolve(view: Any | None, result: Any, timeout: float = ASK_TIMEOUT) -> Reso
         return None
     resolution = Resolution()
     answers: list[dict[str, Any]] = []
-    if view is None:
+    if ask is None:
         for key in wanted:
             resolution.missing[key] = "the processes were stopped before it could be read"
     else:
-        try:
-            answers = view.apply_async(engine_values.values_for, sorted(wanted)).get(timeout)
-        except Exception as e:  # the placeholders then say why they show no value
+        values, errors = ask(engine_values.values_for, sorted(wanted), timeout=timeout)
+        answers = [values[p] for p in sorted(values)]
+        if errors:  # the placeholders then say why they show no value
+            first = min(errors)
             for key in wanted:
-                resolution.missing[key] = f"the processes did not answer ({type(e).__name__})"
+                resolution.missing[key] = (f"{process_label(errors)} did not answer "
+                                           f"({errors[first]})")
     for key, modes in wanted.items():
         parts = [a[key] for a in answers if key in a]
         resolution.bytes_received += sum(v.nbytes for part in parts for _, v in part["pieces"])

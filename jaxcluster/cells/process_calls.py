@@ -113,13 +113,25 @@ class ProcessCalls:
                msg_ids: list[str]) -> concurrent.futures.Future:
         answer: concurrent.futures.Future = concurrent.futures.Future()
         try:
-            sent = self._client[self.engine_ids[process]].apply_async(function, *args)
+            view = self._client[self.engine_ids[process]]
         except Exception as e:  # not registered (any more), or the client is closed
             answer.set_exception(CallError(f"its engine cannot be reached ({e})", lost=True))
+            return answer
+        try:
+            sent = view.apply_async(function, *args)
+        except Exception as e:  # what it is sent does not pickle
+            answer.set_exception(CallError(f"the call could not be sent ({type(e).__name__}: "
+                                           f"{e})"))
             return answer
         msg_ids.extend(sent.msg_ids)
         sent.add_done_callback(lambda done: _settle(answer, done))
         return answer
+
+
+def ask_engines(client: Any, requests: dict[int, Request]) -> dict[int, concurrent.futures.Future]:
+    """Each engine's call by its route, keyed by its ipyparallel id: at bring-up, before JAX
+    has numbered the processes."""
+    return ProcessCalls(client, {eid: eid for eid in requests}).start(requests).answers
 
 
 def timed_out(error: str) -> bool:

@@ -15,6 +15,7 @@ restarted (a death always needs one), and its setup cells replayed.
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 import time
 from collections.abc import Callable
 from typing import Any
@@ -97,9 +98,8 @@ def run(
                 health_reports.ask_memory(cluster.calls, chosen, cluster.health_feed)
     result.elapsed = time.monotonic() - began
     idle = not any(p.state in ("running", "stuck", "died") for p in result.processes)
-    view = cluster.view if not result.outside else cluster.client[
-        [cluster.calls.engine_ids[i] for i in chosen]]  # the processes that printed them
-    result.values = global_values.resolve(view if idle else None, result)
+    ask = functools.partial(cluster.calls.call, chosen) if idle else None  # those that printed
+    result.values = global_values.resolve(ask, result)
     if profiling is not None:
         result.profile = profiling.finish(
             [p.process_index for p in result.processes if p.state in ("done", "error")])

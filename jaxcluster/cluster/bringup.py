@@ -21,6 +21,7 @@ from typing import Any
 import ipyparallel as ipp
 import psutil
 
+from ..cells.process_calls import ask_engines
 from ..contracts import Progress
 from ..engine import process as _engine
 from ..errors import JaxClusterError
@@ -246,7 +247,7 @@ def _output_of(controller: Any) -> str:
 @dataclass
 class Registered:
     """A start's engines, once all have registered, and where each runs: asked of each as it
-    registered (an ``AsyncResult`` of ``engine.process.identity``), so that the question is
+    registered (the future of ``engine.process.identity``), so that the question is
     not one more round trip after the last one."""
 
     engine_ids: list[int]  # in registration order
@@ -357,9 +358,8 @@ def _registered(
     while True:
         ids = set(client.ids)  # one snapshot: the wait below is for one more than these
         new = sorted(ids - known)
-        for eid in new:
-            if eid not in asked:
-                asked[eid] = client[eid].apply_async(_engine.identity, launched.controller_ip)
+        asked |= ask_engines(client, {eid: (_engine.identity, (launched.controller_ip,))
+                                      for eid in new if eid not in asked})
         report = (min(len(new), options.nodes), awaited(_hosts_behind(asked, expected)))
         if progress and report != reported:
             reported = report

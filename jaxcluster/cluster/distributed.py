@@ -8,6 +8,7 @@ coordinator.
 
 from __future__ import annotations
 
+import concurrent.futures
 import errno
 import time
 from dataclasses import dataclass, field, replace
@@ -15,9 +16,10 @@ from typing import Any
 
 import ipyparallel as ipp
 
+from ..cells.process_calls import ask_engines
 from ..contracts import ProcessInfo, Progress
 from ..engine import process as _engine
-from ..errors import JaxClusterError, engine_error_message
+from ..errors import JaxClusterError
 from . import gpus, topology, versions
 from .gather import MARGIN_SECONDS, gather, where_unfinished
 from .hosts import split_host_port
@@ -57,7 +59,7 @@ def initialize(
     start-up timeout included. Without one each step may take ``options.timeout``, and a
     margin more for JAX to report its own timeout. ``link_dir``: where engines that show they
     run on this host open their end of the link (``engine/link_end.py``). ``asked``: engine
-    id -> the ``AsyncResult`` of its identity, where it was asked already.
+    id -> the future of its identity, where it was asked already.
     """
 
     def left() -> ClusterOptions:  # options whose timeout is what the deadline leaves
@@ -86,9 +88,8 @@ def initialize(
     here = _engine.machine(_engine.host_facts())
     timeout = left().timeout
     launcher = launcher_named(options.launcher)
-    pending = {
-        eid: client[eid].apply_async(
-            _engine.initialize,
+    pending = ask_engines(client, {
+        eid: (_engine.initialize, (
             coordinator,
             len(engine_ids),
             index,
@@ -100,9 +101,9 @@ def initialize(
             gpu_plan.devices[index],
             link_dir if here and _engine.machine(identities[eid]["facts"]) == here else None,
             gpu_plan.platform,
-        )
+        ))
         for index, eid in enumerate(engine_ids)
-    }
+    })
     hosts = {eid: identities[eid]["host"] for eid in engine_ids} if options.hosts else None
     try:
         results = gather(pending, engine_ids, "initialize jax.distributed", timeout, progress,
@@ -124,7 +125,7 @@ def adopt(
 ) -> JaxProcesses:
     """Take the JAX processes as they are if all are initialized, else initialize them."""
     states = gather(
-        {eid: client[eid].apply_async(_engine.jax_state) for eid in engine_ids},
+        ask_engines(client, {eid: (_engine.jax_state, ()) for eid in engine_ids}),
         engine_ids,
         "report its JAX state",
         options.timeout,
@@ -161,9 +162,9 @@ def engine_identities(
 ) -> dict[int, dict]:
     """engine id -> ``engine.process.identity()`` there (``asked``: some already asked)."""
     asked = asked or {}
+    unasked = {eid: (_engine.identity, (controller_ip,)) for eid in engine_ids if eid not in asked}
     return gather(
-        {eid: asked.get(eid) or client[eid].apply_async(_engine.identity, controller_ip)
-         for eid in engine_ids},
+        {**asked, **ask_engines(client, unasked)},
         engine_ids,
         "report where it runs",
         timeout,
@@ -212,10 +213,10 @@ def coordinator_address(
     else:
         host = launcher_named(options.launcher).address(identity)
         wanted, option = options.coordinator_port or 0, "--coordinator-port P"
-    claim = client[engine_id].apply_async(_engine.claim_port, wanted)
+    claim = ask_engines(client, {engine_id: (_engine.claim_port, (wanted,))})[engine_id]
     try:
-        answer = claim.get(options.timeout)
-    except ipp.error.TimeoutError:
+        answer = claim.result(options.timeout)
+    except concurrent.futures.TimeoutError:
         raise JaxClusterError(
             f"Process 0 on {identity['host']} did not answer within {options.timeout:g} s "
             "whether the coordinator port is free. Raise --timeout if the host is busy."
@@ -223,7 +224,7 @@ def coordinator_address(
     except Exception as e:  # the engine died, or raised
         raise JaxClusterError(
             f"Process 0 on {identity['host']} could not check the coordinator port: "
-            f"{engine_error_message(e)}. Restart the cluster."
+            f"{e}. Restart the cluster."
         ) from None
     if "port" not in answer:
         raise JaxClusterError(

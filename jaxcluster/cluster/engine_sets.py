@@ -100,10 +100,10 @@ def exited_engine_output(
 def with_ended_output(launched: Any, identities: dict[int, Any], error: Exception) -> Exception:
     """``error`` of a start, with the output of those of its engines that ended meanwhile (what
     they said as they died: a failed check, a signal), where any did. ``launched``: the start's
-    ``bringup.Launched``; ``identities``: engine id -> the AsyncResult of each one's
+    ``bringup.Launched``; ``identities``: engine id -> the future of each one's
     ``engine.process.identity``."""
-    pids = {asked.get()["pid"] for asked in identities.values()
-            if asked.done() and asked.successful()}
+    pids = {asked.result()["pid"] for asked in identities.values()
+            if asked.done() and asked.exception() is None}
     lines = exited_engine_output(
         launched.ipp_cluster, launched.launcher.output_reasons, pids)
     if not lines:

@@ -1,7 +1,6 @@
-"""Wait, bounded, for one ipyparallel ``AsyncResult`` per engine; name the processes that fail.
-
-AsyncResults are ``concurrent.futures.Future``s, so this waits on them as futures: it wakes
-when one finishes, never on a timer.
+"""Wait, bounded, for one call's answer per engine (``process_calls.ask_engines``); name the
+processes that fail. It waits on the answers' futures: it wakes when one finishes, never on a
+timer.
 """
 
 from __future__ import annotations
@@ -10,12 +9,11 @@ import concurrent.futures
 import time
 from typing import Any
 
-import ipyparallel as ipp
-
 from ..cells.process_calls import ProcessCalls
 from ..contracts import Progress
 from ..engine import calls
-from ..errors import JaxClusterError, engine_error_message
+from ..errors import JaxClusterError
+from ..link import CallError
 from ..render.labels import awaited, process_label
 
 # seconds the others get once one process failed: JAX's start-up waits for every process, so
@@ -80,10 +78,10 @@ def gather(
     )
 
 
-def _message(error: Exception) -> str:
-    if isinstance(error, ipp.error.RemoteError):  # the engine's own exception
-        return engine_error_message(error)
-    return f"{type(error).__name__}: {error}"  # the engine died, an unpicklable reply, ...
+def _message(error: BaseException) -> str:
+    if isinstance(error, CallError):  # the engine's own exception, its death, ...
+        return str(error)
+    return f"{type(error).__name__}: {error}"
 
 
 def _report(

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import ipyparallel as ipp
 
+from ..cells.process_calls import ask_engines
 from ..engine import topology as _engine
 from ..errors import ConfigError, JaxClusterError
 from .gather import gather
@@ -31,7 +32,7 @@ class Topology:
 def reported(client: ipp.Client, engine_ids: list[int], timeout: float) -> dict[int, dict]:
     """engine id -> the scheduler's variables in its environment (``{}``: none)."""
     return gather(
-        {eid: client[eid].apply_async(_engine.scheduler_topology) for eid in engine_ids},
+        ask_engines(client, {eid: (_engine.scheduler_topology, ()) for eid in engine_ids}),
         engine_ids,
         "report its scheduler's JAX topology",
         timeout,

@@ -20,16 +20,16 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
-import ipyparallel as ipp
 import numpy as np
 
 from ..cells import handle
 from ..engine import data as engine
-from ..errors import ConfigError, JaxClusterError, engine_error_message
-from ..render.labels import process_label
+from ..errors import ConfigError, JaxClusterError
+from ..render.labels import by_process
 from .shared_files import SharedFiles
 
 if TYPE_CHECKING:
+    from ..cells.process_calls import Sent
     from .file_server import FileServer
 
 PIECE_BYTES = 16 * 2**20
@@ -62,6 +62,12 @@ class Transfer:
         self.nbytes[process] = self.nbytes.get(process, 0) + nbytes
         if shards:
             self.shards[process] = self.shards.get(process, 0) + shards
+
+
+def check(errors: dict[int, str], what: str) -> None:
+    """``errors`` of a call on processes (by process index), raised as one "Could not WHAT"."""
+    if errors:
+        raise JaxClusterError(f"Could not {what}: {by_process(errors)}")
 
 
 def check_name(name: str) -> None:
@@ -101,15 +107,14 @@ class Session:
         shared_memory: bool,
     ) -> None:
         self.cluster = cluster
-        self.client = cluster.client
-        self.views = {p.process_index: self.client[p.engine_id] for p in cluster.processes}
+        self.processes = [p.process_index for p in cluster.processes]
         self.token = uuid.uuid4().hex
         self.files = SharedFiles(shared_memory, PIECE_BYTES)
         # processes that see our /dev/shm files: those that showed they run on this host
         self.shared: set[int] = set(cluster.here) if self.files.enabled else set()
         self.transfer = Transfer(direction, name)
         self.began = time.perf_counter()
-        self._sent: list[str] = []
+        self._started: list[Sent] = []  # calls whose routes may still keep their answers
         self._uncollected = 0  # bytes of handled replies not yet freed (see _collect)
         self._budget = IN_FLIGHT_BYTES  # bytes that may be on their way (see run)
 
@@ -120,12 +125,13 @@ class Session:
         self.transfer.seconds = time.perf_counter() - self.began
         try:
             self.run(
-                [Call(p, (engine.release, self.token)) for p in self.views],
+                [Call(p, (engine.release, self.token)) for p in self.processes],
                 stall=CLEANUP_SECONDS,
             )
         finally:
             self.files.close()
-            self._forget(self._sent)
+            for started in self._started:
+                started.finish()
             if self._uncollected:
                 gc.collect()
 
@@ -142,13 +148,9 @@ class Session:
         return np.frombuffer(mapping, dtype, math.prod(shape)).reshape(shape), path
 
     def commit(self, name: str) -> None:
-        self.check(self.run([Call(p, (engine.commit, self.token, name)) for p in self.views]),
+        check(self.run([Call(p, (engine.commit, self.token, name))
+                             for p in self.processes]),
                    f"assign {name!r} (other processes may have the new value)")
-
-    def check(self, errors: dict[int, str], what: str) -> None:
-        if errors:
-            details = "; ".join(f"{process_label([p])}: {m}" for p, m in sorted(errors.items()))
-            raise JaxClusterError(f"Could not {what}: {details}")
 
     def run(self, calls: list[Call], stall: float | None = None) -> dict[int, str]:
         """Send the calls, each process's in order, and hand each reply to its ``on_reply``.
@@ -164,7 +166,7 @@ class Session:
             queues.setdefault(call.process, deque()).append(call)
         sizes = [call.nbytes for call in calls] or [0]
         self._budget = min(IN_FLIGHT_BYTES, max(sum(sizes) // 4, max(sizes)))
-        running: dict[Any, Call] = {}  # ipyparallel AsyncResult (a Future) -> its call
+        running: dict[concurrent.futures.Future, Call] = {}  # an answer -> its call
         errors: dict[int, str] = {}
         while True:
             if not errors:
@@ -178,20 +180,13 @@ class Session:
                 for call in running.values():
                     errors[call.process] = f"no answer within {stall:g} s"
                 return errors
-            for ar in done:
-                call = running.pop(ar)
+            for answer in done:
+                call = running.pop(answer)
                 try:
-                    # the Future's own result: ipyparallel marks an AsyncResult ready for get()
-                    # in a callback that runs after the Future's waiters have woken
-                    reply = ar.result()
-                except ipp.error.RemoteError as e:
-                    errors.setdefault(call.process, engine_error_message(e))
+                    reply = answer.result()
+                except Exception as e:  # a CallError: the engine raised, died, ...
+                    errors.setdefault(call.process, str(e))
                     continue
-                except Exception as e:  # the engine died, its reply did not unpickle, ...
-                    errors.setdefault(call.process, f"{type(e).__name__}: {e}")
-                    continue
-                finally:
-                    self._forget(ar.msg_ids)
                 if call.on_reply is not None:
                     call.on_reply(reply)
                 self._collect(reply.nbytes if isinstance(reply, np.ndarray) else 0)
@@ -227,15 +222,22 @@ class Session:
                     return
                 queue.popleft()
                 request = call.request() if callable(call.request) else call.request
-                ar = self.views[p].apply_async(*request)
-                self._sent.extend(ar.msg_ids)
-                running[ar] = call
+                function, *args = request
+                self._let_go_of_answered()
+                started = self.cluster.calls.start({p: (function, tuple(args))})
+                self._started.append(started)
+                running[started.answers[p]] = call
                 in_flight += call.nbytes
                 waiting[p] += 1
                 sent = True
 
-    def _forget(self, msg_ids: list[str]) -> None:
-        """Drop finished replies from the client's caches, so that their data can be freed."""
-        done = [m for m in msg_ids if m not in self.client.outstanding]
-        if done:
-            self.client.purge_local_results(jobs=done)
+    def _let_go_of_answered(self) -> None:
+        """What the routes keep for answered calls (ipyparallel's replies, which hold their
+        data) let go of, so that it can be freed."""
+        waiting = []
+        for started in self._started:
+            if all(answer.done() for answer in started.answers.values()):
+                started.finish()
+            else:
+                waiting.append(started)
+        self._started = waiting

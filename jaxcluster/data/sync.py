@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..engine import sync as engine_sync
-from ..errors import ConfigError
+from ..errors import ConfigError, JaxClusterError
+from ..render.labels import by_process
 from .session import ClusterHandle
 
 DEFAULT_LIMIT = 100 * 2**20
@@ -122,7 +123,13 @@ class Synced:
 
 def _answers(cluster: ClusterHandle, calls: dict[int, tuple[Any, ...]],
              timeout: float = ANSWER_TIMEOUT) -> dict[int, Any]:
-    """Each process's call ``(function, *args)`` through ipyparallel, all at once."""
-    engines = {p.process_index: p.engine_id for p in cluster.processes}
-    pending = {p: cluster.client[engines[p]].apply_async(*call) for p, call in calls.items()}
-    return {p: result.get(timeout) for p, result in pending.items()}
+    """Each process's call ``(function, *args)``, all at once (``cluster.calls``); one that
+    fails or does not answer within ``timeout`` fails the sync, named."""
+    replies, errors = cluster.calls.ask({p: (f, tuple(args)) for p, (f, *args) in calls.items()},
+                                        timeout)
+    if errors:
+        raise JaxClusterError(
+            f"The synced folder could not be placed on every process ({by_process(errors)}). "
+            "Check that "
+            "the hosts can write their temporary directory, or start without --sync.")
+    return replies

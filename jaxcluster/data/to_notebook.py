@@ -18,7 +18,7 @@ import numpy as np
 from ..engine import data as engine
 from ..errors import ConfigError
 from ..render.labels import process_label
-from .session import Call, ClusterHandle, Session, Transfer, check_name, row_ranges
+from .session import Call, ClusterHandle, Session, Transfer, check, check_name, row_ranges
 
 # an array to assemble: ("global", k) for a global array, ("local", process, k) for one
 # process's own; k is its place among the jax.Arrays of a process's value
@@ -154,7 +154,7 @@ def _fetch(
     calls = [
         Call(p, (engine.write_shards, session.token, jobs)) for p, jobs in shared_jobs.items()
     ]
-    session.check(session.run(calls + pieces), f"pull {name!r}")
+    check(session.run(calls + pieces), f"pull {name!r}")
     return outputs
 
 

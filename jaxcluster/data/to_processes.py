@@ -28,7 +28,16 @@ from ..engine import data as engine
 from ..errors import ConfigError, JaxClusterError
 from ..render.labels import process_label
 from .mesh import MeshSharding
-from .session import CLEANUP_SECONDS, Call, ClusterHandle, Session, Transfer, check_name, row_ranges
+from .session import (
+    CLEANUP_SECONDS,
+    Call,
+    ClusterHandle,
+    Session,
+    Transfer,
+    check,
+    check_name,
+    row_ranges,
+)
 from .shared_files import SharedFiles, Slot
 
 # seconds a host's process may take to connect to the notebook's file server, and each read
@@ -65,7 +74,7 @@ def push(
                                    index_map.extend)])
         if errors:
             raise ConfigError(f"The sharding does not fit the value for {name!r}: {errors[0]}")
-        session.check(session.run([
+        check(session.run([
             Call(p, (engine.begin, session.token)) for p in range(len(cluster.processes))
         ]), what)
         keys: dict[int, set[engine.Key]] = {}
@@ -77,8 +86,8 @@ def push(
             for key in sorted(keys[p])
             for piece in _pieces(session, p, key, array)
         ]
-        session.check(session.run(pieces), what)
-        session.check(session.run([
+        check(session.run(pieces), what)
+        check(session.run([
             Call(p, (engine.assemble, session.token, shape, mesh, sharding.spec))
             for p in range(len(cluster.processes))
         ]), what)
@@ -118,8 +127,8 @@ def _push_value(cluster: ClusterHandle, name: str, value: Any, shared_memory: bo
                                         what)
         others = [p for p in everyone if p not in local]
         if others:
-            _check(_on(cluster, others, (engine.stage_value, token, payload, *raws))[1], what)
-            _check(_on(cluster, others, (engine.commit, token, name))[1],
+            check(_on(cluster, others, (engine.stage_value, token, payload, *raws))[1], what)
+            check(_on(cluster, others, (engine.commit, token, name))[1],
                    f"assign {name!r} (other processes may have the new value)")
     except BaseException:
         with contextlib.suppress(Exception):  # the first error is the one to report
@@ -140,7 +149,7 @@ def _assign_file(
 ) -> set[int]:
     """``engine.assign_file(*request)`` on ``processes``: those that mapped the file."""
     replies, errors = _on(cluster, processes, (engine.assign_file, *request))
-    _check(errors, what)
+    check(errors, what)
     return {p for p, found in replies.items() if found}
 
 
@@ -178,19 +187,19 @@ def _one_copy_per_host(
                 digest = hashing.submit(_sha256, shared[0])
                 fetched, errors = _on(cluster, readers, (engine.fetch_value, token,
                                                          server.address, size, FETCH_SECONDS))
-            _check(errors, what)
+            check(errors, what)
             copies = {p: (got[0], *shared[1:]) for p, got in fetched.items() if got is not None}
             _check_arrived(fetched, digest.result(), size, what)
         unread = [p for p in readers if p not in copies]
         if unread:
             written, errors = _on(cluster, unread, (engine.write_value, token, *value))
-            _check(errors, what)
+            check(errors, what)
             copies |= {p: copy for p, copy in written.items() if copy is not None}
         # every host's processes at once, each told its host's file
         found, errors = cluster.calls.ask(
             {p: (engine.assign_file, (token, name, *copies[group[0]]))
              for group in hosts if group[0] in copies for p in group}, cluster.timeout)
-        _check(errors, what)
+        check(errors, what)
         return {p for p, mapped in found.items() if mapped}
     finally:
         if server is not None:
@@ -241,12 +250,6 @@ def _check_arrived(
             "between those hosts and the notebook's changed them: push again, and if it "
             "recurs, check that network."
         )
-
-
-def _check(errors: dict[int, str], what: str) -> None:
-    if errors:
-        details = "; ".join(f"{process_label([p])}: {m}" for p, m in sorted(errors.items()))
-        raise JaxClusterError(f"Could not {what}: {details}")
 
 
 def _pieces(session: Session, p: int, key: engine.Key, array: np.ndarray) -> Iterator[Call]:

@@ -131,6 +131,30 @@ def last_cell() -> dict[str, Any]:
     return dict(_last)
 
 
+CALL = "_jaxcluster_call"  # a function held for the cell that calls it (JaxCluster.call)
+
+
+def hold_call(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    """Keep ``fn(*args, **kwargs)`` in the cells' namespace, for the cell ``CALL_CELL`` that
+    calls it and leaves its value beside it."""
+    from IPython import get_ipython
+
+    get_ipython().user_ns[CALL] = (fn, args, kwargs)
+
+
+CALL_CELL = f"{CALL}_value = {CALL}[0](*{CALL}[1], **{CALL}[2])"
+
+
+def release_call() -> Any:
+    """The held call and its cell's value gone from the cells' namespace; that value (None
+    where the cell failed)."""
+    from IPython import get_ipython
+
+    namespace = get_ipython().user_ns
+    namespace.pop(CALL, None)
+    return namespace.pop(f"{CALL}_value", None)
+
+
 def interrupt(msg_id: str) -> bool:
     """Interrupt the cell of request ``msg_id`` (from the back channel's thread): True when it
     runs, and its code gets a ``KeyboardInterrupt`` (``sigint``); otherwise it will not run,

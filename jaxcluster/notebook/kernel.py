@@ -318,12 +318,10 @@ class JaxClusterKernel(IPythonKernel):
         # a request not answered in time (a stopped process answers neither). Such a request
         # stays queued, runs when the process is free (a completion: side-effect free) and
         # its late answer is dropped
-        try:
-            ar = cluster.client[cluster.processes[0].engine_id].apply_async(func, *args)
-            return ar.get(timeout=self.remote_timeout)
-        except Exception as e:  # busy, slow or dead: answer locally instead
-            self.log.debug("process 0 did not answer %s: %s", func.__name__, e)
-            return None
+        values, errors = cluster.calls.call([0], func, *args, timeout=self.remote_timeout)
+        if errors:  # busy, slow or dead: answer locally instead
+            self.log.debug("process 0 did not answer %s: %s", func.__name__, errors[0])
+        return values.get(0)
 
     async def do_complete(self, code: str, cursor_pos: int | None) -> dict[str, Any]:
         cursor_pos = len(code) if cursor_pos is None else cursor_pos

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Hashable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from typing import TypeVar
 
 
@@ -83,6 +83,12 @@ def collapse(
     for index, item in items:
         groups.setdefault(key(item), ([], item))[0].append(index)
     return list(groups.values())
+
+
+def by_process(errors: Mapping[int, str]) -> str:
+    """``process 1: X; processes 2-3: Y``: each message once, after the processes it came from."""
+    groups = collapse(sorted(errors.items()), lambda message: message)
+    return "; ".join(f"{process_label(indices)}: {message}" for indices, message in groups)
 
 
 def bundle_key(bundle: dict | None) -> Hashable:
