@@ -137,3 +137,12 @@ def test_every_kind_of_global_array_reads_as_in_one_process(shell, expected, nam
 def test_device_subsets_behave_as_in_one_process(shell, expected):
     for cell in SUBSETS.values():  # in order: each uses the arrays of the ones before
         same_everywhere(shell, expected, cell)
+
+
+def test_a_failing_device_put_shows_jaxs_frames_not_ours(shell):
+    # the numbering of arrays wraps device_put: its frame is ours, not the user's
+    from tests.conftest import failing_spmd
+
+    text, report, _ = failing_spmd(shell, "jax.device_put(jnp.ones(3), 'not a device')")
+    shown = text + report
+    assert "device_put" in shown and "jaxcluster" not in shown, shown

@@ -120,6 +120,7 @@ def _numbering(make: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(make)
     def numbered(*args: Any, **kwargs: Any) -> Any:
+        __tracebackhide__ = True  # IPython leaves this frame out of a user's traceback
         paused[0] += 1
         try:
             made = make(*args, **kwargs)
