@@ -18,7 +18,7 @@ from __future__ import annotations
 import jax
 import pytest
 
-from tests.conftest import SPMD_START, fresh_shell, run_spmd
+from tests.conftest import SPMD_START, failing_spmd, fresh_shell, run_spmd
 from tests.test_global_reads import one_process_outputs
 
 pytestmark = pytest.mark.cluster
@@ -141,8 +141,6 @@ def test_device_subsets_behave_as_in_one_process(shell, expected):
 
 def test_a_failing_device_put_shows_jaxs_frames_not_ours(shell):
     # the numbering of arrays wraps device_put: its frame is ours, not the user's
-    from tests.conftest import failing_spmd
-
     text, report, _ = failing_spmd(shell, "jax.device_put(jnp.ones(3), 'not a device')")
     shown = text + report
     assert "device_put" in shown and "jaxcluster" not in shown, shown
