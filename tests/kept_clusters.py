@@ -8,6 +8,7 @@ import json
 import signal
 import subprocess
 import sys
+import time
 from typing import Any
 
 import psutil
@@ -55,6 +56,17 @@ def start_kept(name: str, idle: float, then: str = "", **options: Any) -> subpro
 def kill(kernel: subprocess.Popen[str]) -> None:
     kernel.send_signal(signal.SIGKILL)
     kernel.wait()
+
+
+def let_go(name: str) -> None:
+    """Until the keeper of ``name`` counts no kernel holding it: a killed kernel's watch
+    lapses within the keeper's beat and lapse."""
+    from jaxcluster import JaxCluster
+
+    deadline = time.monotonic() + 10
+    while {row.name: row for row in JaxCluster.kept_clusters()}[name].holder is not None:
+        assert time.monotonic() < deadline, f"the kept cluster {name} is still held"
+        time.sleep(0.05)
 
 
 def outlives_its_kernel_and_restarts(name: str, **options: Any) -> str:

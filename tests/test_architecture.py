@@ -241,6 +241,37 @@ def test_only_the_process_call_layer_asks_ipyparallel_to_run_code():
     assert set(found) == ASKS_IPYPARALLEL  # an exception no longer needed is struck off
 
 
+# What opens a socket: the standard library's (``socket.socket``, ``create_connection``,
+# ``create_server``) and pyzmq's (a context's ``socket``). The link opens them all but the bulk
+# path's: a pushed value's bytes, read by another host from the notebook's file server
+# (``sendfile``), each transfer named in a signed message with its digest
+OPENS_A_SOCKET = {"socket", "create_connection", "create_server", "socketpair"}
+BULK_PATH = {("data/file_server.py", "create_server"), ("engine/data.py", "create_connection")}
+
+
+def _sockets_opened(tree: ast.AST) -> Iterator[tuple[str, int]]:
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and (
+                node.func.attr in OPENS_A_SOCKET):
+            yield node.func.attr, node.lineno
+
+
+def test_no_module_outside_the_link_opens_a_socket():
+    """Every message between the package's processes goes over the link (signed, refused
+    when altered or replayed); a probe of an address (``link.addresses``) is the link's too."""
+    found = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        where = str(path.relative_to(PACKAGE))
+        if where.startswith("link/"):
+            continue
+        for what, line in _sockets_opened(ast.parse(path.read_text())):
+            found.setdefault((where, what), line)
+    strays = [f"{where}:{line} {what}" for (where, what), line in found.items()
+              if (where, what) not in BULK_PATH]
+    assert strays == [], "open sockets in jaxcluster/link, and reach processes over the link"
+    assert set(found) == BULK_PATH  # an exception no longer needed is struck off
+
+
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     """The strongly connected components of more than one node (Tarjan's algorithm)."""
     index: dict[str, int] = {}

@@ -23,7 +23,7 @@ from jaxcluster import JaxCluster, JaxClusterError
 from jaxcluster.cluster import bringup
 from jaxcluster.cluster.distributed import port_claim_error
 from jaxcluster.cluster.event_loop import THREAD_NAME, LoopThread
-from jaxcluster.engine.process import claim_port
+from jaxcluster.link.addresses import claim_port
 from tests.conftest import cluster_processes, stopped_at_the_end, wait_until_gone
 
 pytestmark = pytest.mark.cluster
@@ -107,7 +107,7 @@ def _as_nobody() -> list[str]:
 
 
 def test_a_privileged_port_without_root_is_reported_as_such():
-    probe = "import json; from jaxcluster.engine.process import claim_port; "
+    probe = "import json; from jaxcluster.link.addresses import claim_port; "
     done = subprocess.run(
         [*_as_nobody(), sys.executable, "-c", probe + "print(json.dumps(claim_port(1)))"],
         capture_output=True, text=True, timeout=60, check=True,

@@ -20,7 +20,7 @@ import pytest
 from jaxcluster import JaxCluster
 from jaxcluster.errors import ConfigError, JaxClusterError
 from tests.conftest import cluster_processes, wait_until_gone
-from tests.kept_clusters import CHECK, CHECKED, RIG_STARTER, keeper_pids, kill, start_kept
+from tests.kept_clusters import CHECK, CHECKED, RIG_STARTER, keeper_pids, kill, let_go, start_kept
 
 
 @pytest.fixture
@@ -33,12 +33,8 @@ def name() -> Iterator[str]:
 
 def test_state_survives_a_killed_kernel_and_attach_is_fast(name: str) -> None:
     kill(start_kept(name, 120))
-    deadline = time.monotonic() + 5  # the keeper notices the closed connection at once
-    while True:
-        rows = {row.name: row for row in JaxCluster.kept_clusters()}
-        if rows[name].holder is None or time.monotonic() > deadline:
-            break
-        time.sleep(0.05)
+    let_go(name)
+    rows = {row.name: row for row in JaxCluster.kept_clusters()}
     assert rows[name].processes == 2 and rows[name].devices == 4
     assert rows[name].hosts == (socket.gethostname(),)
     engines = [p for p in psutil.Process(rows[name].pid).children(recursive=True)]
@@ -54,6 +50,20 @@ def test_state_survives_a_killed_kernel_and_attach_is_fast(name: str) -> None:
     finally:
         cluster.stop()
     assert name not in {row.name for row in JaxCluster.kept_clusters()}
+
+
+def test_an_attach_right_after_its_kernel_was_killed_holds_the_cluster(name: str) -> None:
+    """No wait for the killed kernel's hold to lapse: the keeper asks the holder, which never
+    answers, and the attaching kernel holds the cluster (a live holder answers: refused)."""
+    kill(start_kept(name, 120))
+    cluster = JaxCluster.attach(name)
+    try:
+        result = cluster.run(CHECK)
+        assert [p.stdout for p in result.processes] == [CHECKED] * 2
+        assert {r.name: r for r in JaxCluster.kept_clusters()}[name].holder == (
+            f"kernel pid {os.getpid()}")
+    finally:
+        cluster.stop()
 
 
 def test_second_attach_refused_naming_holder_and_force_takes_over(name: str) -> None:
@@ -117,10 +127,7 @@ def test_the_list_magic_names_each_kept_cluster_with_its_hosts_state_and_memory(
     kill(start_kept(name, 120))
     shell = start_ipython() or get_ipython()
     shell.run_line_magic("load_ext", "jaxcluster")
-    deadline = time.monotonic() + 5
-    while {r.name: r for r in JaxCluster.kept_clusters()}[name].holder is not None:
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+    let_go(name)
     with capture_output() as listed:
         shell.run_line_magic("jax_cluster", "list")
     (line,) = [row for row in listed.stdout.splitlines() if row.startswith(f"{name}:")]
@@ -144,10 +151,7 @@ def test_a_kernel_killed_while_a_cell_runs_attach_says_what_the_cell_did(
         assert time.monotonic() < deadline, "the cell never began"
         time.sleep(0.05)
     kill(kernel)
-    deadline = time.monotonic() + 5
-    while {r.name: r for r in JaxCluster.kept_clusters()}[name].holder is not None:
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+    let_go(name)
     try:
         # an attach says what each process last did: process 1's error may take a moment
         cluster = attached_once(name, lambda said: "process 1 raised" in said)
@@ -292,29 +296,32 @@ def test_a_keeper_killed_outright_leaves_no_record_behind(name: str) -> None:
 
 
 def test_the_keeper_acts_only_on_messages_signed_with_the_kept_clusters_key(name: str) -> None:
-    """Its files are this user's alone, and a request signed with another key (or sending
-    the key itself, unsigned) is ignored; the key never travels."""
+    """Its files are this user's alone, and a request signed with another key, or sending the
+    key itself unsigned, is refused unanswered, the keeper serving on; the key never travels."""
     import json
     import stat
 
+    import zmq
+
     from jaxcluster.cluster import kept
-    from jaxcluster.cluster.keeper import signed
+    from jaxcluster.link import CallError, exchange, signing
 
     keeper = kept.start_keeper(name, 60)
     record = keeper.record
     for path in (kept.record_path(name), record["socket"]):
         assert stat.S_IMODE(os.stat(path).st_mode) == 0o600, path
-    for forged in (lambda nonce: signed("0" * 64, nonce, {"op": "stop"}),
-                   lambda nonce: json.dumps({"key": record["key"], "op": "stop"}).encode()
-                   + b"\n"):
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as connection:
-            connection.connect(record["socket"])
-            reader = connection.makefile("rb")
-            nonce = json.loads(reader.readline())["nonce"]
-            assert record["key"] not in nonce
-            connection.sendall(forged(nonce))
-            assert reader.readline() == b""  # closed without an answer
-        assert kept.Kept.named(name).alive
+    endpoint = f"ipc://{record['socket']}"
+    with pytest.raises(CallError, match="no answer"):
+        exchange(signing(b"0" * 64), endpoint, record["link_id"], {"op": "stop"}, 1, 1)
+    unsigned = zmq.Context.instance().socket(zmq.DEALER)
+    unsigned.linger = 0
+    unsigned.connect(endpoint)
+    unsigned.send_multipart([b"<IDS|MSG>", b"", json.dumps({"key": record["key"]}).encode(),
+                             b"{}", b"{}", json.dumps({"op": "stop"}).encode()])
+    assert not unsigned.poll(1000)  # no answer
+    unsigned.close()
+    assert kept.Kept.named(name).alive
+    assert keeper.ask("update", info={"nodes": 2}) == {"ok": True}  # it serves on
     process = psutil.Process(int(record["pid"]))
     keeper.stop()
     process.wait(10)

@@ -18,12 +18,12 @@ import ctypes
 import importlib.util
 import os
 import signal
-import socket
 import subprocess
 import sys
 from typing import Any
 from urllib.parse import quote
 
+from ..link import addresses
 from .profile import DEFAULTS, SESSION
 
 _PR_SET_PDEATHSIG = 1
@@ -44,7 +44,8 @@ def serve(profile: Any) -> str | None:
     logdir, session = (parent, f"{name}/{SESSION}") if shared else (profile.folder, SESSION)
     if _served.get("logdir") != logdir or _served["process"].poll() is not None:
         stop()
-        port, worker = _free_port(), _free_port()
+        port, worker = (int(addresses.claim_port(0, addresses.LOOPBACK)["port"])
+                        for _ in range(2))
         log = open(os.path.join(logdir, "xprof.log"), "wb")  # noqa: SIM115
         with log:
             process = subprocess.Popen(
@@ -71,12 +72,6 @@ def stop() -> None:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait(5)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _end_with_parent() -> None:

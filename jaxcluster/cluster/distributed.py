@@ -20,6 +20,7 @@ from ..cells.process_calls import ask_engines
 from ..contracts import ProcessInfo, Progress
 from ..engine import process as _engine
 from ..errors import JaxClusterError
+from ..link import addresses
 from . import gpus, topology, versions
 from .gather import MARGIN_SECONDS, gather, where_unfinished
 from .hosts import split_host_port
@@ -213,7 +214,7 @@ def coordinator_address(
     else:
         host = launcher_named(options.launcher).address(identity)
         wanted, option = options.coordinator_port or 0, "--coordinator-port P"
-    claim = ask_engines(client, {engine_id: (_engine.claim_port, (wanted,))})[engine_id]
+    claim = ask_engines(client, {engine_id: (addresses.claim_port, (wanted,))})[engine_id]
     try:
         answer = claim.result(options.timeout)
     except concurrent.futures.TimeoutError:

@@ -5,10 +5,8 @@ Each launcher checks the host options it takes before anything starts (``launche
 
 from __future__ import annotations
 
-import ipaddress
-import socket
-
 from ..errors import ConfigError
+from ..link import addresses
 
 # ``python -m jaxcluster.engine --jaxcluster-host=NAME``: the --hosts entry an engine runs on
 HOST_ARG = "--jaxcluster-host="
@@ -67,12 +65,8 @@ def split_host_port(address: str, option: str) -> tuple[str, int]:
 
 def check_local_ip(ip: str) -> None:
     """``--ip`` must be an address of this machine: the controller listens on it."""
-    try:
-        family = socket.AF_INET6 if ipaddress.ip_address(ip).version == 6 else socket.AF_INET
-        with socket.socket(family, socket.SOCK_STREAM) as sock:
-            sock.bind((ip, 0))
-    except (ValueError, OSError):
+    if not addresses.is_local(ip):
         raise ConfigError(
             f"--ip takes an address of this machine for the controller to listen on (e.g. "
             f"--ip 10.0.0.5), not {ip!r}."
-        ) from None
+        )

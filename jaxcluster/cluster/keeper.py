@@ -3,18 +3,17 @@ what the kernel holds otherwise, so that the cluster outlives the kernel.
 
 It starts each host's forking process and holds its stdin and stdout (the line: closing it ends
 the host's engines), relaying the line to the kernel that drives the cluster while one is
-attached. It knows which kernel holds the cluster (a token; the connection it holds open: a
-killed kernel lets go when its socket closes) and ends the cluster when no kernel has held it
-for the idle timeout, or when told to stop. The watchdog watches this process, not a kernel:
-when it ends, for any reason, the controller and the engines go with it.
+attached. It knows which kernel holds the cluster (a token, and that kernel's watch: a request
+always waiting here, answered every ``BEAT_SECONDS`` and asked again at once, so that a killed
+kernel lets go within ``LAPSE_SECONDS``) and ends the cluster when no kernel has held it for the
+idle timeout, or when told to stop. The watchdog watches this process, not a kernel: when it
+ends, for any reason, the controller and the engines go with it.
 
 Its record (``jaxcluster-kept-NAME.json``: pid, socket, the kept cluster's key) and its Unix
-socket are 0600 in the user's Jupyter runtime folder. Messages are JSON, one a line, signed
-with the key as Jupyter signs its messages (HMAC-SHA256), over a number the keeper drew for
-the connection (``signed``): the key never travels, and a message is good on its connection
-only. A connection's first names the operation; a host's line, once opened, relays the
-forking process's own lines. Only the standard library before the end: it stays small. Its
-private records serve a published cluster too (``published.py``).
+socket are 0600 in the user's Jupyter runtime folder. It serves on the link (``jaxcluster.link``):
+every request and answer is signed with the key, and one with another key, altered or replayed
+is refused and logged. What it knows, it keeps on its link's thread alone; its main thread
+ends the cluster. Its private records serve a published cluster too (``published.py``).
 
 Run as ``python -m jaxcluster.cluster.keeper NAME IDLE_SECONDS``; it prints ``ready`` once its
 record is written.
@@ -24,19 +23,23 @@ from __future__ import annotations
 
 import contextlib
 import glob
-import hmac
 import json
 import os
 import secrets
 import shutil
-import socket
 import subprocess
 import sys
 import threading
 import time
-from typing import IO, Any
+from dataclasses import dataclass
+from typing import Any
 
-POLL_SECONDS = 0.5
+POLL_SECONDS = 0.25
+BEAT_SECONDS = 1.0  # a waiting watch or read is answered this often, so its kernel asks again
+LAPSE_SECONDS = 3.0  # after an answer, for the holder's next watch: else it is gone
+# for the holder to ask again once its watch is answered early, as another kernel asks to hold
+# the cluster: a kernel alive asks at once; one killed never does, and the other holds it
+PROBE_SECONDS = 2.0
 # for the kernel that started the keeper to hold it: until one did, a shorter idle timeout
 # would end a cluster its kernel is still starting on a busy machine
 FIRST_HOLD_SECONDS = 30
@@ -57,84 +60,12 @@ def record_path(name: str, folder: str | None = None) -> str:
     return os.path.join(folder or runtime_dir(), f"{PREFIX}{name}.json")
 
 
-def signed(key: str, nonce: str, message: dict[str, Any]) -> bytes:
-    """``message`` as a line, signed with ``key`` for the connection of ``nonce``."""
-    body = json.dumps(message)
-    signature = hmac.new(key.encode(), (nonce + body).encode(), "sha256").hexdigest()
-    return json.dumps({"body": body, "signature": signature}).encode() + b"\n"
-
-
-def verified(key: str, nonce: str, line: bytes) -> dict[str, Any] | None:
-    """The message of a line ``signed`` with ``key`` for this connection; None otherwise."""
-    try:
-        envelope = json.loads(line)
-        body, signature = str(envelope["body"]), str(envelope["signature"])
-        message = json.loads(body)
-    except (ValueError, TypeError, KeyError):
-        return None
-    expected = hmac.new(key.encode(), (nonce + body).encode(), "sha256").hexdigest()
-    if not hmac.compare_digest(expected, signature) or not isinstance(message, dict):
-        return None
-    return message
-
-
-Greeting = tuple[dict[str, Any], str, IO[bytes]]  # the first message, the number, the reader
-
-
-def greeted(connection: socket.socket, key: str) -> Greeting | None:
-    """The server's side of a connection's first message: a number drawn for it, sent; the
-    message that came back signed with ``key`` over it, the number, and the reader of what
-    follows; None for anything else (not this user's, or the connection ended)."""
-    nonce = secrets.token_hex(16)
-    reader = connection.makefile("rb")
-    try:
-        connection.sendall(json.dumps({"nonce": nonce}).encode() + b"\n")
-        message = verified(key, nonce, reader.readline())
-    except OSError:
-        return None
-    return None if message is None else (message, nonce, reader)
-
-
-def greet(connection: socket.socket, key: str, message: dict[str, Any]) -> tuple[IO[bytes], str]:
-    """The client's side: ``message`` signed over the number the server drew; the reader of
-    what comes back, and the number. Raises ``OSError``, ``ValueError`` or ``KeyError`` where
-    the server does not answer as one of ours."""
-    reader = connection.makefile("rb")
-    nonce = str(json.loads(reader.readline())["nonce"])
-    connection.sendall(signed(key, nonce, message))
-    return reader, nonce
-
-
-def listening(path: str) -> bool:
-    """Whether a process listens on the Unix socket ``path`` (its pid may have been reused
-    since it wrote its record; its socket cannot be)."""
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
-        try:
-            probe.connect(path)
-        except OSError:
-            return False
-    return True
-
-
-def private_server(path: str) -> socket.socket:
-    """A Unix socket listening at ``path``, 0600 from birth: no moment where another user
-    may connect."""
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(path)
-    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    old = os.umask(0o177)
-    try:
-        server.bind(path)
-    finally:
-        os.umask(old)
-    server.listen()
-    return server
-
-
 def live_records(prefix: str) -> list[dict[str, Any]]:
     """This user's records named ``prefix*.json`` in the runtime folder whose process listens
     on its socket; those of a process killed outright (nothing else removes them) are removed
     with their sockets."""
+    from ..link import listening
+
     found = []
     for path in sorted(glob.glob(os.path.join(runtime_dir(), f"{prefix}*.json"))):
         try:
@@ -161,37 +92,61 @@ def write_private(path: str, data: dict[str, Any]) -> None:
     os.replace(temporary, path)
 
 
-class Line:
-    """One host's forking process, its stdin and stdout held here; relayed to the connection
-    of the kernel that opened it, or of the last one that took it over (``relay``)."""
+Reply = Any  # the link's answer to one request (``LinkServer``): called once
 
-    def __init__(self, message: dict[str, Any]) -> None:
+
+@dataclass
+class Holder:
+    token: str
+    who: str
+    since: float
+    seen: float  # when its watch was last asked or answered
+    watch: Reply | None = None  # its watch, waiting here
+    watch_since: float = 0.0
+
+
+class Line:
+    """One host's forking process, its stdin and stdout held here; its output kept for the
+    relay of the kernel that opened it, or took it over, which reads it (``read``)."""
+
+    def __init__(self, message: dict[str, Any], loop: Any, relay: int) -> None:
         self.host = str(message["host"])  # as the kernel's ``--hosts`` names it
         errors = open(message["errors"], "ab")  # noqa: SIM115 - the child's stderr
         self.process = subprocess.Popen(
             message["command"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=errors,
             env=message["env"], start_new_session=True)
         errors.close()
-        self._relay: IO[bytes] | None = None
-        self._lock = threading.Lock()
+        self.relay: int | None = relay
+        self.output: list[str] = []  # for the relay, not read yet
+        self.read: Reply | None = None  # the relay's read, waiting here
+        self.read_since = 0.0
+        self.code: int | None = None
+        self._loop = loop
         threading.Thread(target=self._out, daemon=True).start()
 
-    def serve(self, connection: socket.socket) -> None:
-        """Relay this connection's lines to the forking process until it closes (a kernel gone
-        or detached: the forking process and its engines stay)."""
-        out = connection.makefile("wb")
-        with self._lock:
-            self._relay = out
-        self._send(out, {"pid": self.process.pid})
-        stdin = self.process.stdin
-        assert stdin is not None
-        for line in connection.makefile("rb"):
-            with contextlib.suppress(OSError, ValueError):
-                stdin.write(line)
-                stdin.flush()
-        with self._lock:
-            if self._relay is out:
-                self._relay = None
+    def answer(self, content: dict[str, Any]) -> None:
+        read, self.read = self.read, None
+        if read is not None:
+            read({"value": content})
+
+    def let_go(self) -> None:
+        self.relay, self.output = None, []
+        self.answer({"let_go": True})
+
+    def heard(self, text: str | None, code: int | None = None) -> None:
+        """On the link's thread: a line of the forking process's output, or (None) its end."""
+        if text is None:
+            self.code = code
+        elif self.relay is not None:
+            self.output.append(text)
+        if self.read is not None:
+            self.answer(self.pending())
+
+    def pending(self) -> dict[str, Any]:
+        if self.output:
+            output, self.output = self.output, []
+            return {"lines": output}
+        return {"ended": self.code}
 
     def close(self) -> None:
         with contextlib.suppress(OSError):
@@ -202,25 +157,8 @@ class Line:
         stdout = self.process.stdout
         assert stdout is not None
         for line in stdout:
-            with self._lock:
-                relay = self._relay
-            if relay is not None:
-                with contextlib.suppress(OSError, ValueError):
-                    relay.write(line)
-                    relay.flush()
-        code = self.process.wait()
-        with self._lock:
-            relay, self._relay = self._relay, None
-        if relay is not None:
-            self._send(relay, {"line_ended": code})
-            with contextlib.suppress(OSError):
-                relay.close()
-
-    @staticmethod
-    def _send(out: IO[bytes], message: dict[str, Any]) -> None:
-        with contextlib.suppress(OSError, ValueError):
-            out.write(json.dumps(message).encode() + b"\n")
-            out.flush()
+            self._loop.add_callback(self.heard, line.decode("utf-8", "replace"))
+        self._loop.add_callback(self.heard, None, self.process.wait())
 
 
 class Keeper:
@@ -231,108 +169,226 @@ class Keeper:
         self.record = record_path(name, self.folder)
         self.socket_path = os.path.join(self.folder, f"{PREFIX}{name}.sock")
         self.key = secrets.token_hex(32)
+        self.link_id = secrets.randbelow(2**31)  # the link's name for this keeper
         self.info: dict[str, Any] = {}  # what the kernels tell of the cluster
         self.lines: list[Line] = []
-        self.holder: dict[str, Any] | None = None  # token, who, since
-        self._hold: Replies | None = None
+        self.holder: Holder | None = None
+        self.lapsed: str | None = None  # the token of a holder that lapsed, which may come back
+        self._lapsed_who = ""
+        self.told: dict[str, dict[str, Any]] = {}  # token -> what its next watch is told
+        self.probes: list[tuple[dict[str, Any], Reply, float]] = []  # holds waiting on a probe
+        self.relays = 0
         self.idle_since = time.time()
         self.idle_limit = max(idle_seconds, FIRST_HOLD_SECONDS)  # the idle timeout once held
         self.started = time.time()
+        self.stopping: tuple[str | None, Reply | None] | None = None  # who, and their answer
         self.ending = threading.Event()
-        self._lock = threading.Lock()
 
     def run(self) -> None:
-        server = private_server(self.socket_path)
+        from tornado.ioloop import PeriodicCallback
+
+        from ..link import loop_of_its_own, made_on
+
+        self._loop = loop_of_its_own("jaxcluster-keeper")
+        self._server = made_on(self._loop, self._listen)
         self._write_record()
         print("ready", flush=True)
-        threading.Thread(target=self._accept, args=(server,), daemon=True).start()
-        while not self.ending.wait(POLL_SECONDS):
-            with self._lock:
-                idle = self.holder is None and time.time() - self.idle_since > self.idle_limit
-            if idle:
-                break
+        self._loop.add_callback(lambda: PeriodicCallback(self._look, POLL_SECONDS * 1000).start())
+        self.ending.wait()
         self._end()
 
+    def _listen(self) -> Any:
+        from ..link import LinkServer
+
+        old = os.umask(0o177)  # 0600 from birth: no moment where another user may connect
+        try:
+            return LinkServer(self.key.encode(), "hmac-sha256", f"ipc://{self.socket_path}",
+                              self._serve, self._loop, self.link_id)
+        finally:
+            os.umask(old)
+
     def _write_record(self) -> None:
-        with self._lock:
-            holder = None if self.holder is None else {
-                k: self.holder[k] for k in ("who", "since")}
-            write_private(self.record, {
-                "name": self.name, "pid": os.getpid(), "socket": self.socket_path,
-                "key": self.key, "started": self.started, "idle_seconds": self.idle_seconds,
-                "holder": holder, "idle_since": None if holder else self.idle_since,
-                "info": self.info,
-            })
+        holder = None if self.holder is None else {"who": self.holder.who,
+                                                   "since": self.holder.since}
+        write_private(self.record, {
+            "name": self.name, "pid": os.getpid(), "socket": self.socket_path,
+            "key": self.key, "link_id": self.link_id, "started": self.started,
+            "idle_seconds": self.idle_seconds, "holder": holder,
+            "idle_since": None if holder else self.idle_since, "info": self.info,
+        })
 
-    def _accept(self, server: socket.socket) -> None:
-        while True:
-            connection, _ = server.accept()
-            threading.Thread(target=self._serve, args=(connection,), daemon=True).start()
-
-    def _serve(self, connection: socket.socket) -> None:
-        with connection:
-            first = greeted(connection, self.key)
-            if first is None:
-                return  # not signed with the key: not this user's kernel
-            message, nonce, reader = first
-            reply = Replies(connection, self.key, nonce)
-            op = message.get("op")
-            if op == "line":
-                line = Line(message)
-                self.lines.append(line)
-                line.serve(connection)
-            elif op == "relay":  # a kernel that attached takes the host's line over
-                held = [line for line in self.lines if line.host == message["host"]]
-                if held:
-                    held[-1].serve(connection)
+    def _serve(self, message: dict[str, Any], reply: Reply) -> None:
+        """One request, on the link's thread."""
+        op = message.get("op")
+        try:
+            if op == "watch":
+                self._watch(str(message["token"]), reply)
             elif op == "hold":
-                self._serve_hold(reply, reader, message)
-            elif op == "update":
-                with self._lock:
-                    self.info.update(message["info"])
-                self._write_record()
-                reply({"ok": True})
+                self._hold(message, reply)
+            elif op == "read":
+                self._read(message, reply)
+            elif self.stopping is not None:
+                reply({"error": "The kept cluster is stopping."})
             elif op == "stop":
-                self._end(reply, message.get("who"))
-
-    def _serve_hold(self, reply: Replies, reader: IO[bytes], message: dict[str, Any]) -> None:
-        """The kernel that drives the cluster: held while this connection is open."""
-        with self._lock:
-            holder, hold = self.holder, self._hold
-            if holder is not None and not message.get("force"):
-                refused = holder["who"]
+                self.stopping = (message.get("who"), reply)
+                self.ending.set()
             else:
-                refused = None
-                self.holder = {"token": message["token"], "who": message["who"],
-                               "since": time.time()}
-                self.idle_limit = self.idle_seconds
-                self._hold = reply
-        if refused is not None:
-            reply({"held_by": refused})
+                reply({"value": self._answer(op, message)})
+        except Exception as e:  # said to the asker: the keeper serves the next
+            reply({"error": f"{type(e).__name__}: {e}"})
+
+    def _answer(self, op: Any, message: dict[str, Any]) -> dict[str, Any]:
+        if op == "update":
+            self.info.update(message["info"])
+            self._write_record()
+            return {"ok": True}
+        if op == "release":
+            if self.holder is not None and self.holder.token == message["token"]:
+                self._let_go({"released": True})
+            return {"ok": True}
+        if op in ("line", "relay"):
+            return self._line(op, message)
+        line = self._relayed(message)
+        if op == "write" and line is not None and line.process.stdin is not None:
+            line.process.stdin.write(str(message["text"]).encode())
+            line.process.stdin.flush()
+        elif op == "let_go" and line is not None:
+            line.let_go()
+        return {"ok": line is not None}
+
+    def _hold(self, message: dict[str, Any], reply: Reply) -> None:
+        """The kernel that drives the cluster: held until it releases it or its watch lapses.
+        Held by another kernel already: that kernel's watch is answered now, and the cluster
+        is this one's unless that one asks again within ``PROBE_SECONDS`` (it was killed)."""
+        holder, token = self.holder, str(message["token"])
+        if holder is None or holder.token == token or message.get("force"):
+            reply({"value": self._held(message)})
             return
-        if hold is not None and holder is not None:  # taken over: the first kernel is told
-            hold({"taken_by": message["who"]})
-            with contextlib.suppress(OSError):
-                hold.connection.shutdown(socket.SHUT_RDWR)
+        if holder.watch is not None:
+            holder.watch({"value": {"beat": True}})
+            holder.watch, holder.seen = None, time.monotonic()
+        self.probes.append((message, reply, time.monotonic()))
+
+    def _held(self, message: dict[str, Any]) -> dict[str, Any]:
+        holder, token = self.holder, str(message["token"])
+        if holder is not None and holder.token != token:  # taken over: the first is told
+            self._tell(holder, {"taken_by": message["who"]})
+            for line in self.lines:
+                line.let_go()
+        self.holder = Holder(token, str(message["who"]), time.time(), time.monotonic())
+        self.lapsed = None
+        self.idle_limit = self.idle_seconds
         self._write_record()
-        reply({"ok": True, "info": self.info})
-        for _ in reader:  # until the kernel detaches or dies
-            pass
-        with self._lock:
-            if self._hold is reply:
-                self.holder, self._hold = None, None
-                self.idle_since = time.time()
+        return {"ok": True, "info": self.info}
+
+    def _watch(self, token: str, reply: Reply) -> None:
+        holder = self.holder
+        if token in self.told:
+            reply({"value": self.told.pop(token)})
+            return
+        if holder is None and token == self.lapsed:  # slow, not gone: it holds it again
+            holder = self.holder = Holder(token, self._lapsed_who, time.time(), 0.0)
+            self._write_record()
+        if holder is None or holder.token != token:
+            reply({"value": {"released": True} if holder is None else {"taken_by": holder.who}})
+            return
+        if holder.watch is not None:
+            holder.watch({"value": {"beat": True}})
+        holder.watch, holder.watch_since = reply, time.monotonic()
+        holder.seen = holder.watch_since
+        probes, self.probes = self.probes, []
+        for _, asked, _ in probes:  # it is alive: the others are refused
+            asked({"value": {"held_by": holder.who}})
+
+    def _tell(self, holder: Holder, message: dict[str, Any]) -> None:
+        if holder.watch is not None:
+            holder.watch({"value": message})
+            holder.watch = None
+        else:
+            self.told[holder.token] = message
+
+    def _let_go(self, message: dict[str, Any] | None, lapsed: bool = False) -> None:
+        """No kernel holds the cluster any more: its relays let go, the idle time counts."""
+        holder, self.holder = self.holder, None
+        if holder is not None and message is not None:
+            self._tell(holder, message)
+        self.lapsed = holder.token if holder is not None and lapsed else None
+        self._lapsed_who = holder.who if holder is not None else ""
+        for line in self.lines:
+            line.let_go()
+        self.idle_since = time.time()
         self._write_record()
 
-    def _end(self, reply: Replies | None = None, by: str | None = None) -> None:
-        """End the cluster: the kernel that holds it told who stopped it (``by``: another
-        kernel), each line closed (its engines end), then the controller and anything left of
-        the cluster killed, the files removed, and this process exits."""
-        self.ending.set()
-        with self._lock:
-            hold = self._hold
-        if hold is not None and by is not None and hold is not reply:
-            hold({"stopped_by": by})
+    def _line(self, op: str, message: dict[str, Any]) -> dict[str, Any]:
+        self.relays += 1
+        if op == "line":
+            line = Line(message, self._loop, self.relays)
+            self.lines.append(line)
+        else:  # a kernel that attached takes the host's line over
+            held = [line for line in self.lines if line.host == message["host"]]
+            if not held:
+                return {"error": f"no line to {message['host']} is held here"}
+            line = held[-1]
+            line.let_go()
+            line.relay = self.relays
+        return {"pid": line.process.pid, "relay": self.relays}
+
+    def _relayed(self, message: dict[str, Any]) -> Line | None:
+        found = [line for line in self.lines if line.relay == message.get("relay")]
+        return found[0] if found else None
+
+    def _read(self, message: dict[str, Any], reply: Reply) -> None:
+        line = self._relayed(message)
+        if line is None:
+            reply({"value": {"let_go": True}})
+            return
+        line.answer({"lines": []})  # an earlier read of this relay, should one wait
+        if line.output or line.code is not None:
+            reply({"value": line.pending()})
+        else:
+            line.read, line.read_since = reply, time.monotonic()
+
+    def _look(self) -> None:
+        """Every ``POLL_SECONDS``, on the link's thread: waiting watches and reads answered once
+        they waited a beat, a holder whose watch lapsed let go, the idle timeout."""
+        now = time.monotonic()
+        holder = self.holder
+        if holder is not None and holder.watch is not None and (
+                now - holder.watch_since > BEAT_SECONDS):
+            holder.watch({"value": {"beat": True}})
+            holder.watch, holder.seen = None, now
+        for line in self.lines:
+            if line.read is not None and now - line.read_since > BEAT_SECONDS:
+                line.answer({"lines": []})
+        if holder is not None and holder.watch is None and now - holder.seen > LAPSE_SECONDS:
+            self._let_go(None, lapsed=True)
+        if self.probes and now - self.probes[0][2] > PROBE_SECONDS:  # the holder is gone
+            (message, asked, _), *others = self.probes
+            self.probes = []
+            asked({"value": self._held(message)})
+            for _, refused, _ in others:
+                refused({"value": {"held_by": message["who"]}})
+        if self.holder is None and time.time() - self.idle_since > self.idle_limit:
+            self.ending.set()
+
+    def _end(self) -> None:
+        """End the cluster, on the main thread: the kernel that holds it told who stopped it
+        (another kernel), each line closed (its engines end), then the controller and anything
+        left of the cluster killed, the files removed, and this process exits."""
+        by, stopper = self.stopping or (None, None)
+        holder = self.holder
+        if by is not None and holder is not None:
+            told = threading.Event()
+
+            def tell() -> None:
+                self._tell(holder, {"stopped_by": by})
+                told.set()
+
+            self._loop.add_callback(tell)
+            told.wait(CLOSE_SECONDS)
+            deadline = time.monotonic() + BEAT_SECONDS + LAPSE_SECONDS
+            while holder.token in self.told and time.monotonic() < deadline:  # its next watch
+                time.sleep(POLL_SECONDS / 10)
         for line in self.lines:
             line.close()
         deadline = time.monotonic() + CLOSE_SECONDS
@@ -352,20 +408,22 @@ class Keeper:
         for path in (self.record, self.socket_path):
             with contextlib.suppress(OSError):
                 os.unlink(path)
-        if reply is not None:
-            reply({"ok": True})
+        closed = threading.Event()
+        self._loop.add_callback(self._close, stopper, closed)
+        closed.wait(CLOSE_SECONDS)
         os._exit(0)
 
+    def _close(self, stopper: Reply | None, closed: threading.Event) -> None:
+        if stopper is not None:
+            stopper({"value": {"ok": True}})
+        self._server.close(linger_seconds=CLOSE_SECONDS)
+        import zmq
 
-class Replies:
-    """The keeper's side of one connection: what it says there, signed for it."""
+        def sent() -> None:  # the answers on their way: the context ends once they are out
+            zmq.Context.instance().term()
+            closed.set()
 
-    def __init__(self, connection: socket.socket, key: str, nonce: str) -> None:
-        self.connection, self._key, self._nonce = connection, key, nonce
-
-    def __call__(self, message: dict[str, Any]) -> None:
-        with contextlib.suppress(OSError):
-            self.connection.sendall(signed(self._key, self._nonce, message))
+        threading.Thread(target=sent, daemon=True).start()
 
 
 def main(argv: list[str]) -> int:

@@ -13,21 +13,27 @@ import json
 import os
 import pickle
 import re
-import socket
 import subprocess
 import sys
 import threading
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import IO, Any
 
+from jupyter_client.session import Session
+
 from ..errors import ConfigError, JaxClusterError
-from .keeper import PREFIX, greet, listening, live_records, record_path, verified
+from ..link import CallError, exchange, listening, signing
+from .keeper import BEAT_SECONDS, PREFIX, live_records, record_path
 
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z")
 START_SECONDS = 30  # for a keeper to write its record
 RELEASE_SECONDS = 5  # for a keeper to let go of a kernel that detached
+ASK_SECONDS = 10  # for a keeper to answer: it answers from what it knows, at once
+WAIT_SECONDS = BEAT_SECONDS + ASK_SECONDS  # for a watch or a read, which waits a beat there
+STOP_SECONDS = 60  # for a keeper to end the cluster: its lines closed, the rest killed
+SCHEME = "hmac-sha256"
 UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
@@ -71,6 +77,7 @@ class Kept:
     """A keeper, as its record describes it."""
 
     record: dict[str, Any]
+    _session: Session | None = field(default=None, repr=False)
 
     @classmethod
     def named(cls, name: str) -> Kept:
@@ -100,76 +107,36 @@ class Kept:
     def info(self) -> dict[str, Any]:
         return dict(self.record.get("info") or {})
 
-    def connect(self, op: str, **message: Any) -> KeeperConnection:
-        connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    def ask(self, op: str, seconds: float = ASK_SECONDS, **message: Any) -> dict[str, Any]:
+        """The keeper's answer to one request, signed with the kept cluster's key."""
+        if self._session is None:
+            self._session = signing(str(self.record["key"]).encode(), SCHEME)
         try:
-            connection.connect(self.record["socket"])
-        except OSError as e:
-            connection.close()
+            answer, _ = exchange(self._session, f"ipc://{self.record['socket']}",
+                                 int(self.record["link_id"]), {"op": op, **message},
+                                 ASK_SECONDS, seconds)
+        except CallError as e:
             raise JaxClusterError(
                 f"The keeper of the kept cluster {self.name!r} does not answer ({e}): it has "
                 "ended. List the kept clusters with %jax_cluster list."
             ) from None
-        try:
-            reader, nonce = greet(connection, self.record["key"], {"op": op, **message})
-        except (OSError, ValueError, KeyError):
-            connection.close()
-            raise JaxClusterError(
-                f"The keeper of the kept cluster {self.name!r} did not answer as a keeper "
-                "does: it is ending, or its record was written by another version. List the "
-                "kept clusters with %jax_cluster list."
-            ) from None
-        return KeeperConnection(connection, reader, self.record["key"], nonce)
-
-    def ask(self, op: str, **message: Any) -> dict[str, Any]:
-        with self.connect(op, **message) as connection:
-            return connection.read() or {}
+        return answer if isinstance(answer, dict) else {}
 
     def update(self, **info: Any) -> None:
         self.ask("update", info=info)
 
     def stop(self) -> None:
-        self.ask("stop", who=who_am_i())
+        self.ask("stop", seconds=STOP_SECONDS, who=who_am_i())
 
     def line(self, host: str, command: list[str], env: dict[str, str], errors: str) -> KeptLine:
         """A new line to ``host``'s forking process, which the keeper holds."""
-        return KeptLine(self.connect("line", host=host, command=command, env=env,
-                                     errors=errors))
+        return KeptLine(self, host, self.ask("line", host=host, command=command, env=env,
+                                             errors=errors))
 
     def relay(self, host: str, command: list[str], env: dict[str, str], errors: str
               ) -> KeptLine:
         """The line to ``host`` that the keeper holds already, taken over by this kernel."""
-        return KeptLine(self.connect("relay", host=host), held_before=True)
-
-
-class KeeperConnection:
-    """One connection to a keeper: what it says there is signed for this connection."""
-
-    def __init__(self, connection: socket.socket, reader: IO[bytes], key: str, nonce: str) -> None:
-        self.socket, self.reader = connection, reader
-        self._key, self._nonce = key, nonce
-
-    def read(self) -> dict[str, Any] | None:
-        """The keeper's next message; None at the connection's end (or one not signed)."""
-        line = self.reader.readline()
-        return verified(self._key, self._nonce, line) if line else None
-
-    def messages(self) -> Iterator[dict[str, Any]]:
-        while (message := self.read()) is not None:
-            yield message
-
-    def shutdown(self) -> None:
-        with contextlib.suppress(OSError):
-            self.socket.shutdown(socket.SHUT_RDWR)
-
-    def close(self) -> None:
-        self.socket.close()
-
-    def __enter__(self) -> KeeperConnection:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+        return KeptLine(self, host, self.ask("relay", host=host), held_before=True)
 
 
 def start_keeper(name: str, idle_seconds: float) -> Kept:
@@ -211,41 +178,45 @@ def _first_line(stream: IO[bytes], seconds: float) -> bytes:
 
 
 class Hold:
-    """This kernel's hold of a kept cluster: open while this kernel drives it."""
+    """This kernel's hold of a kept cluster: while its watch waits at the keeper (asked again
+    as each is answered, every ``keeper.BEAT_SECONDS``), this kernel drives the cluster."""
 
     def __init__(self, kept: Kept, force: bool) -> None:
         self.kept = kept
         self.token = uuid.uuid4().hex
         self.taken_by: str | None = None  # the kernel that took it over
         self.stopped_by: str | None = None  # the kernel that stopped it
-        self._connection = kept.connect("hold", token=self.token, who=who_am_i(), force=force)
-        answer = self._connection.read() or {}
+        answer = kept.ask("hold", token=self.token, who=who_am_i(), force=force)
         if "held_by" in answer:
-            self._connection.close()
             raise ConfigError(
                 f"The kept cluster {kept.name!r} is attached to another kernel "
                 f"({answer['held_by']}). Detach it there (%jax_cluster detach), or take it over "
                 f"with %jax_cluster attach {kept.name} --force."
             )
         if not answer.get("ok"):
-            self._connection.close()
             raise JaxClusterError(f"The keeper of {kept.name!r} refused: {answer}")
         self.info: dict[str, Any] = answer["info"]
-        self._listening = threading.Thread(target=self._listen, daemon=True)
-        self._listening.start()
+        self._watching = threading.Thread(target=self._watch, daemon=True,
+                                          name="jaxcluster-kept-hold")
+        self._watching.start()
 
-    def _listen(self) -> None:
-        for message in self._connection.messages():
-            self.taken_by = message.get("taken_by", self.taken_by)
-            self.stopped_by = message.get("stopped_by", self.stopped_by)
+    def _watch(self) -> None:
+        while True:
+            try:
+                told = self.kept.ask("watch", seconds=WAIT_SECONDS, token=self.token)
+            except JaxClusterError:
+                return  # the keeper ended
+            self.taken_by = told.get("taken_by", self.taken_by)
+            self.stopped_by = told.get("stopped_by", self.stopped_by)
+            if "beat" not in told:
+                return
 
     def release(self) -> None:
         """Let go, and wait (``RELEASE_SECONDS`` at most) until the keeper has let go too: an
         attach right after a detach, from any kernel, finds the cluster free."""
-        with contextlib.suppress(OSError):
-            self._connection.socket.shutdown(socket.SHUT_WR)  # the keeper reads the end
-        self._listening.join(RELEASE_SECONDS)  # ends as the keeper closes its side
-        self._connection.close()
+        with contextlib.suppress(JaxClusterError):  # ended already
+            self.kept.ask("release", token=self.token)
+        self._watching.join(RELEASE_SECONDS)
 
 
 def who_am_i() -> str:
@@ -254,27 +225,35 @@ def who_am_i() -> str:
 
 
 class KeptLine:
-    """A host's line through the keeper, as ``host_sessions.HostSession`` uses a ``Popen``."""
+    """A host's line through the keeper, as ``host_sessions.HostSession`` uses a ``Popen``: its
+    output read from the keeper (a read waits there until there is some, a beat at most), what
+    is written to it sent as it is flushed."""
 
-    def __init__(self, connection: KeeperConnection, held_before: bool = False) -> None:
-        self._connection = connection
+    def __init__(self, kept: Kept, host: str, answer: dict[str, Any],
+                 held_before: bool = False) -> None:
+        if "pid" not in answer:
+            raise JaxClusterError(f"The keeper could not start the forking process: {answer}")
+        self._kept, self._host, self._relay = kept, host, answer["relay"]
         # a line the keeper held before: its host was reached, and its engines forked
         self.held_before = held_before
-        self._reader = connection.reader  # the forking process's own lines from here on
-        self.stdin: IO[bytes] | None = connection.socket.makefile("wb")
+        self.pid = int(answer["pid"])
+        self.stdin = _LineInput(self._send)
         self.code: int | None = None
-        first = json.loads(self._reader.readline() or b"{}")
-        if "pid" not in first:
-            raise JaxClusterError(f"The keeper could not start the forking process: {first}")
-        self.pid = int(first["pid"])
 
     @property
     def stdout(self) -> Iterator[bytes]:
-        for line in self._reader:
-            if line.startswith(b'{"line_ended"'):
-                self.code = int(json.loads(line)["line_ended"])
+        while True:
+            try:
+                heard = self._ask("read", WAIT_SECONDS)
+            except JaxClusterError:
+                return  # the keeper ended
+            for line in heard.get("lines", ()):
+                yield line.encode()
+            if "ended" in heard:
+                self.code = heard["ended"]
                 return
-            yield line
+            if "lines" not in heard:  # let go: another kernel took it over
+                return
 
     def wait(self) -> int:
         return -1 if self.code is None else self.code
@@ -284,7 +263,38 @@ class KeptLine:
 
     def kill(self) -> None:
         """Let go of the line here (the keeper keeps the forking process)."""
-        self._connection.shutdown()
+        with contextlib.suppress(JaxClusterError):
+            self._ask("let_go", ASK_SECONDS)
+
+    def _send(self, text: str) -> None:
+        self._ask("write", ASK_SECONDS, text=text)
+
+    def _ask(self, op: str, seconds: float, **message: Any) -> dict[str, Any]:
+        return self._kept.ask(op, seconds=seconds, host=self._host, relay=self._relay,
+                              **message)
+
+
+class _LineInput:
+    """A line's stdin: what is written, sent to the keeper at each flush; closing it does
+    nothing (the keeper keeps the forking process, and ends it when the cluster stops)."""
+
+    def __init__(self, send: Any) -> None:
+        self._send, self._buffer = send, b""
+
+    def write(self, data: bytes) -> int:
+        self._buffer += data
+        return len(data)
+
+    def flush(self) -> None:
+        buffer, self._buffer = self._buffer, b""
+        if buffer:
+            try:
+                self._send(buffer.decode())
+            except JaxClusterError as e:
+                raise OSError(str(e)) from None
+
+    def close(self) -> None:
+        self._buffer = b""
 
 
 @dataclass

@@ -15,6 +15,7 @@ import sys
 import time
 from typing import Any
 
+from ..link import addresses
 from . import accelerators, imports, jax_internals
 from .topology import scheduler_topology
 
@@ -137,35 +138,9 @@ def reachable_address(toward: str | None = None) -> str:
     if not toward or ipaddress.ip_address(toward).is_unspecified:
         toward = "10.255.255.255"
     try:
-        return interface_address(toward)
+        return addresses.interface_address(toward)
     except OSError:
         return "127.0.0.1"
-
-
-def interface_address(host: str, port: int = 1) -> str:
-    """This machine's address on the interface that reaches ``host`` (a name or an address).
-
-    Raises ``OSError`` when the name does not resolve or no route leads there.
-    """
-    family, _, _, _, sockaddr = socket.getaddrinfo(host, port, type=socket.SOCK_DGRAM)[0]
-    with socket.socket(family, socket.SOCK_DGRAM) as probe:
-        # connect() on UDP sends nothing; it only picks the outgoing interface
-        probe.connect(sockaddr)
-        return str(probe.getsockname()[0])
-
-
-def claim_port(port: int = 0) -> dict[str, Any]:
-    """Check that ``port`` is free on this host (0: pick a free one).
-
-    ``{"port": P}``, or ``{"errno": N, "error": "..."}`` saying why it cannot be had, so that
-    the client can name the cause (in use, reserved for root, ...).
-    """
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        try:
-            sock.bind(("", port))
-        except OSError as e:
-            return {"errno": e.errno, "error": e.strerror or str(e)}
-        return {"port": sock.getsockname()[1]}
 
 
 def initialize(
@@ -238,11 +213,9 @@ def _wait_for_coordinator(coordinator: str, timeout: float) -> None:
     host, _, port = coordinator.rpartition(":")
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        try:
-            socket.create_connection((host.strip("[]"), int(port)), timeout=1).close()
+        if addresses.accepts(host, int(port), 1):
             return
-        except OSError:
-            time.sleep(COORDINATOR_POLL_SECONDS)
+        time.sleep(COORDINATOR_POLL_SECONDS)
 
 
 def _enable_cross_host_transfers(address: str) -> None:
@@ -262,7 +235,7 @@ def _enable_cross_host_transfers(address: str) -> None:
     if socket_address:
         return
     # a real port: with port 0 the other processes are told ":0" and their transfers hang
-    port = claim_port().get("port", 0)
+    port = addresses.claim_port().get("port", 0)
     jax.config.update("jax_cross_host_transfer_socket_address", f"{address}:{port}")
     if not transport_addresses:
         jax.config.update("jax_cross_host_transport_addresses", f"{address}:0")

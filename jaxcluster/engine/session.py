@@ -9,12 +9,11 @@ each part patches and which thread runs what.
 
 from __future__ import annotations
 
-import contextlib
-import socket
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from ..link import addresses
 from . import (
     backchannel,
     cells,
@@ -82,7 +81,8 @@ class EngineSession:
         kernel = ipykernel_internals.kernel()
         if kernel is None:
             return
-        address = self.address or _address_towards(state.coordinator_address or "127.0.0.1:0")
+        address = self.address or addresses.address_towards(
+            state.coordinator_address or "127.0.0.1:0")
         shards.serve(address, bytes(kernel.session.key), kernel.session.signature_scheme,
                      kernel.engine_id, state.process_id, state.client, self.machine)
 
@@ -93,15 +93,6 @@ def _shell() -> Any:
     except ImportError:
         return None
     return get_ipython()
-
-
-def _address_towards(target: str) -> str:
-    """This host's address on the route to ``target`` (host:port); loopback where none."""
-    host = target.rsplit(":", 1)[0].strip("[]")
-    with contextlib.suppress(OSError), socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.connect((socket.gethostbyname(host), 9))  # UDP: picks the route, sends nothing
-        return str(s.getsockname()[0])
-    return "127.0.0.1"
 
 
 def _with_shell(install: Callable[[Any], object]) -> Callable[[EngineSession], object]:

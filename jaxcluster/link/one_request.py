@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import threading
 import time
+import uuid
 from typing import Any
 
 import zmq
@@ -23,6 +24,7 @@ from .client import CLOSED, NO_ANSWER, CallError
 from .messages import REPLY, REQUEST, read
 
 REFUSED = "nothing listens at its address any more"
+RETRY_MAX_MS = 60_000
 Ends = tuple[zmq.Socket[bytes], zmq.Socket[bytes]]  # a DEALER and its monitor
 
 _idle: dict[tuple[str, int], list[Ends]] = {}  # sockets whose engine said hello, between calls
@@ -59,9 +61,18 @@ def exchange(session: Session, endpoint: str, engine_id: int, content: dict[str,
 
 
 def _connected(endpoint: str) -> Ends:
-    sock: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.DEALER)
+    context: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
+    sock: zmq.Socket[bytes] = context.socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
-    monitor = sock.get_monitor_socket(zmq.EVENT_CONNECT_RETRIED | zmq.EVENT_DISCONNECTED)
+    # a kept socket whose engine went retries ever more rarely until its next call reads why
+    sock.setsockopt(zmq.RECONNECT_IVL_MAX, RETRY_MAX_MS)
+    address = f"inproc://jaxcluster-link-monitor-{uuid.uuid4().hex}"  # ids are reused
+    sock.monitor(address, zmq.EVENT_CONNECT_RETRIED | zmq.EVENT_DISCONNECTED)
+    # unbounded: libzmq's I/O thread blocks, and every socket of the context with it, on a
+    # monitor whose queue is full (as pyzmq's get_monitor_socket leaves it)
+    monitor: zmq.Socket[bytes] = context.socket(zmq.PAIR)
+    monitor.setsockopt(zmq.RCVHWM, 0)
+    monitor.connect(address)
     sock.connect(endpoint)
     return sock, monitor
 
@@ -101,13 +112,15 @@ def _answer(session: Session, ends: Ends, content: dict[str, Any],
     poller.register(sock, zmq.POLLIN)
     poller.register(monitor, zmq.POLLIN)
     deadline = time.monotonic() + seconds
+    ended: str | None = None
     while (left := deadline - time.monotonic()) > 0:
-        ready = dict(poller.poll(int(left * 1000) + 1))
+        ready = dict(poller.poll(0 if ended else int(left * 1000) + 1))
         if monitor in ready:
-            ended = _ENDS.get(int(parse_monitor_message(monitor.recv_multipart())["event"]))
-            if ended:
-                raise CallError(ended, lost=True)
-        if sock not in ready:
+            ended = ended or _ENDS.get(
+                int(parse_monitor_message(monitor.recv_multipart())["event"]))
+        if ended and not sock.poll(0):  # what it answered before it went is read first
+            raise CallError(ended, lost=True)
+        if not sock.poll(0):
             continue
         message = read(session, sock.recv_multipart(copy=False), "a process's link call",
                        copy=False)

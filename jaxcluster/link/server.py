@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import socket
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -66,8 +67,22 @@ class LinkServer:
         else:
             self._handle(content, reply)
 
-    def close(self) -> None:
-        self._stream.close()
+    def close(self, linger_seconds: float = 0) -> None:
+        """Stop serving; answers sent already go out for ``linger_seconds`` at most (a process
+        that exits next waits for them in ``zmq.Context.term``)."""
+        self._stream.flush()
+        self._stream.close(linger=int(linger_seconds * 1000))
+
+
+def listening(path: str) -> bool:
+    """Whether a process listens at the Unix socket ``path`` (``ipc://path``): a record's pid
+    may have been reused since it was written; its socket cannot be."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        try:
+            probe.connect(path)
+        except OSError:
+            return False
+    return True
 
 
 def loop_of_its_own(name: str) -> IOLoop:

@@ -11,8 +11,8 @@ import shlex
 import sys
 
 from ...contracts import ProcessInfo
-from ...engine.process import interface_address
 from ...errors import ConfigError, JaxClusterError
+from ...link import addresses
 from ..hosts import HOST_ARG, engines_by_host
 from .base import LaunchRequest
 from .forked import ForkingLauncher
@@ -77,7 +77,7 @@ def route_address(host: str) -> str:
     """This machine's address on the interface that reaches ``host`` (a --hosts entry)."""
     name = ssh_destination(host)[1]
     try:
-        return interface_address(name, 22)
+        return addresses.interface_address(name, 22)
     except OSError as e:
         raise JaxClusterError(
             f"Cannot find a way to host {name}: {e}. Check the name in --hosts, or name the "
