@@ -22,6 +22,7 @@ from jupyter_client.session import Session
 
 from jaxcluster import JaxCluster, link
 from tests.conftest import stopped_at_the_end
+from tests.garbage import fed_garbage
 from tests.ports import free_port
 
 pytestmark = pytest.mark.cluster
@@ -150,19 +151,8 @@ def test_garbage_and_silent_connections_on_every_link_leave_the_running_cell_who
     ends += [(socket.AF_INET, (host, int(port)), f"tcp://{host}:{port}")
              for host, port in (p.stdout.split() for p in servers.processes)]
     cell, done = _printing(cluster, 4)
-    held = []
+    held = fed_garbage(ends)
     try:
-        for family, end, endpoint in ends:
-            silent, garbage = socket.socket(family), socket.socket(family)
-            silent.connect(end)
-            garbage.connect(end)
-            garbage.sendall(os.urandom(64 * 1024))
-            frames = zmq.Context.instance().socket(zmq.DEALER)
-            frames.linger = 0
-            frames.connect(endpoint)
-            frames.send_multipart([os.urandom(n) for n in (1, 64, 4096)])
-            frames.send_multipart([b"<IDS|MSG>", b"0" * 64, b"{}", b"{}", b"{}", b"{}"])
-            held += [silent, garbage, frames]
         cell.join(60)
         processes = len(cluster.processes)
         assert [p.stdout for p in done[0].processes] == ["0\n1\n2\n3\n"] * processes

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import faulthandler
 import json
-import os
 import re
 import shlex
 import signal
@@ -26,7 +25,6 @@ import ipyparallel as ipp
 import numpy as np
 import psutil
 import pytest
-import zmq
 from IPython.utils.capture import capture_output
 
 from jaxcluster import JaxCluster, JaxClusterError
@@ -38,6 +36,7 @@ from tests.conftest import (
     shell_cluster,
     wait_until_gone,
 )
+from tests.garbage import fed_garbage
 from tests.netns_hosts import NamespaceHosts
 
 pytestmark = pytest.mark.cluster
@@ -347,18 +346,6 @@ def _controller_ports(cluster) -> set[int]:
     return ports
 
 
-def _send_once_connected(sock: zmq.Socket, frames: list[bytes]) -> None:
-    """``frames`` sent as soon as ``sock`` has its peer (a DEALER has none while it connects)."""
-    deadline = time.monotonic() + 10
-    while True:
-        try:
-            sock.send_multipart(frames, zmq.NOBLOCK)
-            return
-        except zmq.Again:
-            assert time.monotonic() < deadline, "the peer never took the connection"
-            time.sleep(0.01)
-
-
 def test_every_socket_listening_is_the_links_jaxs_or_ipyparallels_and_garbage_harms_none(
         cluster, hosts):
     """While cells run on 2 hosts × 2, after a collective, a global read and a push to the
@@ -426,23 +413,9 @@ def test_every_socket_listening_is_the_links_jaxs_or_ipyparallels_and_garbage_ha
     cell = threading.Thread(target=lambda: done.append(cluster.run(
         "import time\nfor i in range(6):\n    print(i, flush=True)\n    time.sleep(0.3)")))
     done: list = []
-    held = []
     cell.start()
+    held = fed_garbage(ends)
     try:
-        for family, end, endpoint in ends:
-            silent, garbage = socket.socket(family), socket.socket(family)
-            silent.connect(end)
-            garbage.connect(end)
-            garbage.sendall(os.urandom(64 * 1024))
-            held += [silent, garbage]
-            if endpoint is None:
-                continue
-            frames = zmq.Context.instance().socket(zmq.DEALER)
-            frames.linger = 0
-            frames.connect(endpoint)
-            held.append(frames)
-            _send_once_connected(frames, [os.urandom(n) for n in (1, 64, 4096)])
-            _send_once_connected(frames, [b"<IDS|MSG>", b"0" * 64, b"{}", b"{}", b"{}", b"{}"])
         cell.join(60)
         if cell.is_alive():
             faulthandler.dump_traceback(sys.stderr)
