@@ -12,7 +12,8 @@ name, pids, /tmp and /dev/shm of their own, reached over ssh), measured side by 
   folder of this machine's /tmp (the hosts have their own): start → ready on 2 hosts × 2 with
   ``sync=<folder>`` against ``sync=False``, alternating (adds ≤ 1 s), and a trivial cell with
   the per-cell check against the same cell without it (``cluster.synced = None``) on one
-  cluster, alternating (adds ≤ 2 ms when nothing changed); each in runs until two agree.
+  cluster, alternating (adds ≤ 2 ms when nothing changed); each in runs until two agree;
+- a trivial cell on 8, 16 and 32 hosts × 1 and on 8 hosts × 4 (issue 54, ``host_scale.py``).
 
 Making the hosts needs root (network, pid and mount namespaces); without it the table says why.
 """
@@ -30,6 +31,7 @@ from jaxcluster import JaxCluster
 from jaxcluster.data import Synced
 from tests.netns_hosts import NamespaceHosts, Unavailable, namespace_hosts
 
+from . import host_scale
 from ._common import Settings, Table, Timer, log, median, quiet, ratio, seconds, spread, track
 from .spmd import TRIVIAL, Session, _shell
 
@@ -55,6 +57,8 @@ def run(settings: Settings) -> Table:
             _evidence(hosts, settings, table)
             _push(hosts, settings, table)
             _sync(hosts, settings, table)
+        with namespace_hosts([max(count for count, _ in host_scale.LAYOUTS)]) as many:
+            host_scale.rows(many, settings, table)
     except Unavailable as e:
         table.add("namespace hosts", f"not made: {e}", passed=False)
         table.broken = True
