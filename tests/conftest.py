@@ -65,8 +65,8 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
 
 def say_where_processes_are() -> None:
     """Print the main thread's innermost frames of every process of every cluster running in this
-    process, each asked over its back channel (a thread of its own, answering while the main
-    thread is stuck)."""
+    process, each asked over its link (a thread of its own, answering while the main thread
+    is stuck)."""
     import gc
 
     from jaxcluster import JaxCluster

@@ -209,11 +209,10 @@ def test_the_architecture_page_quotes_every_folder_and_stays_short():
 IPYPARALLEL_SENDS = {"apply_async", "apply_sync", "send_apply_request", "send_execute_request",
                      "_send_control_request", "direct_view", "broadcast_view",
                      "load_balanced_view", "client[]"}
-# the process-call layer's two routes through ipyparallel, and the user's own view of every
-# process (``JaxCluster.view``, which the package itself never calls)
+# the process-call layer's route through ipyparallel (a view and its apply), and the user's
+# own view of every process (``JaxCluster.view``, which the package itself never calls)
 ASKS_IPYPARALLEL = {("cells/process_calls.py", "apply_async"),
                     ("cells/process_calls.py", "client[]"),
-                    ("cells/backchannel.py", "_send_control_request"),
                     ("cluster/running.py", "client[]")}
 
 

@@ -146,7 +146,7 @@ def test_without_jax_distributed_state_the_shard_service_is_off(probed_afresh, m
     monkeypatch.delattr(distributed, "global_state")
     monkeypatch.setitem(shards._state, "addresses", {})
     assert jax_internals.coordination() is None
-    session.EngineSession("127.0.0.1", None, None).serve_shards()  # nothing served or raised
+    session.EngineSession("127.0.0.1", None, None).open_link()  # nothing served or raised
     with pytest.raises(ConnectionError):
         shards._published(1)
     assert scripts.script_initialize_conflict("10.0.0.1:1234", None, None, None) is None

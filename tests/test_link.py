@@ -19,7 +19,7 @@ import pytest
 import tornado.ioloop
 import zmq
 
-from jaxcluster.cells.process_calls import BACK_CHANNEL, IPYPARALLEL, LINK, ProcessCalls
+from jaxcluster.cells.process_calls import IPYPARALLEL, LINK, ProcessCalls
 from jaxcluster.engine import calls, data, link_end
 from jaxcluster.link import (
     CallError,
@@ -36,23 +36,15 @@ from jaxcluster.link import (
 KEY = uuid.uuid4().bytes
 
 
-def test_a_link_answers_only_the_main_threads_calls():
-    def answer(request: dict) -> dict:
-        return calls.answer(request, calls.MAIN, link_end.SERVER)
-
-    assert answer({"call": "release", "args": ["no-such-token"]}) == {"value": None}
-    assert answer({"call": "system", "args": ["true"]}) == {
-        "error": "KeyError: \"the link serves no call 'system'\""}
-    assert answer({"call": "where", "args": []}) == {
-        "error": "KeyError: \"the link serves no call 'where'\""}  # the control thread's
-
-
-def test_the_back_channel_answers_its_calls_in_the_same_envelope():
-    assert set(calls.answer({"call": "where", "args": []}, calls.CONTROL, "the back channel")
+def test_the_registry_answers_its_calls_in_one_envelope_and_refuses_the_others():
+    main, control = calls.MAIN, calls.CONTROL
+    assert calls.answer({"call": "release", "args": ["no-such-token"]}, main,
+                        link_end.SERVER) == {"value": None}
+    assert set(calls.answer({"call": "where", "args": []}, control, link_end.SERVER)
                ) == {"value"}
-    assert calls.answer({"call": "system", "args": ["true"]}, calls.CONTROL,
-                        "the back channel") == {
-        "error": "KeyError: \"the back channel serves no call 'system'\""}
+    for served in (main, control):
+        assert calls.answer({"call": "system", "args": ["true"]}, served, link_end.SERVER) == {
+            "error": "KeyError: \"the link serves no call 'system'\""}
 
 
 class Engine:
@@ -104,11 +96,11 @@ def test_answers_errors_and_the_processes_nobody_serves_by_process(endpoints):
     ]
     processes = ProcessCalls(link=Link(KEY, endpoints))
     try:
-        # 2 and 3: nobody listens there, so the back channel
+        # 2 and 3: nobody listens there, so ipyparallel
         assert [processes.route(p, data.release, "token") for p in range(4)] == [
-            LINK, LINK, BACK_CHANNEL, BACK_CHANNEL]
+            LINK, LINK, IPYPARALLEL, IPYPARALLEL]
         assert processes.route(0, data.stage_value, "token", 1) == IPYPARALLEL  # not registered
-        assert processes.route(0, calls.where) == BACK_CHANNEL  # the control thread's
+        assert processes.route(0, calls.where) == LINK  # the link's thread's
         many_spans = [(i * 64, 64) for i in range(10_000)]  # one message of any size
         assert processes.route(0, data.assign_file, "t", "x", "/f", (0, 1), many_spans) == LINK
         replies, errors = processes.call([0, 1], data.release, "token", timeout=5)
@@ -123,11 +115,11 @@ def test_answers_errors_and_the_processes_nobody_serves_by_process(endpoints):
 def test_a_link_whose_path_leads_to_another_engine_is_never_used(endpoints):
     """A path leads to whatever listens there: the engine there is asked only to say it is the
     one this process has, which another (another cluster's, or another process's) refuses;
-    the call goes by the back channel, and that engine runs nothing."""
+    the call goes by ipyparallel, and that engine runs nothing."""
     engine = Engine(endpoints[0][0], lambda call: {"value": "from the wrong engine"}, 99)
     processes = ProcessCalls(link=Link(KEY, {0: endpoints[0]}))
     try:
-        assert processes.route(0, data.release, "token") == BACK_CHANNEL
+        assert processes.route(0, data.release, "token") == IPYPARALLEL
         replies, errors = processes.call([0], data.release, "token", timeout=5)
         assert replies == {}
         assert errors[0].startswith("its engine cannot be reached")  # no client in this test

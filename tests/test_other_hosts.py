@@ -132,8 +132,10 @@ def test_processes_run_on_other_machines(kernel, hosts):
     h1, h2 = hosts.networks[0].namespaces
     assert cell.text.strip() == "\n".join(
         f"[process {i}]\n{i} {host}" for i, host in enumerate([h1, h1, h2, h2]))
-    # no process of the cluster's is this machine's: none has a link's socket here
-    assert value(kc, "[_magics().cluster.calls.link.endpoint(i) for i in range(4)]") == [None] * 4
+    # no process of the cluster's is this machine's: each link is reached at its host's address
+    ends = value(kc, "[_magics().cluster.calls.link.endpoint(i) for i in range(4)]")
+    assert [end.removeprefix("tcp://").rsplit(":", 1)[0] for end in ends] == [
+        hosts.address(h) for h in (h1, h1, h2, h2)]
 
 
 def test_status_shows_the_memory_each_process_on_another_host_holds(kernel):

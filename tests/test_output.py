@@ -61,7 +61,7 @@ def test_tail_keeps_the_last_lines_and_counts_the_rest():
 
 
 def test_a_stack_shows_the_users_frames_as_a_traceback_reads():
-    frames = [  # as engine/backchannel.where sends them, outermost first
+    frames = [  # as engine/calls.where sends them, outermost first
         ["<frozen runpy>", 88, "_run_code"],
         ["/x/site-packages/jaxcluster/engine/__main__.py", 30, "main"],
         ["/x/site-packages/IPython/core/interactiveshell.py", 3600, "run_code"],

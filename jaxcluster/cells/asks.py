@@ -4,8 +4,8 @@ the notebook's front end, labelled by process, and answered to that process alon
 The processes publish each read as an input request on iopub (``engine/stdin.py``); the
 client's IO thread hands it here, and the thread that watches the cell asks, one read after
 another in process order, through ``ask`` (by default the notebook's own ``input``: in a
-Jupyter kernel, the front end's input box). The answer goes back over the back channel, which
-the process's control thread serves while its main thread waits. A front end without stdin
+Jupyter kernel, the front end's input box). The answer goes back over the link, which
+the process's link thread serves while its main thread waits. A front end without stdin
 (nbclient, nbval) makes ``input`` raise ``StdinNotImplementedError``; the process then gets
 that error, with what to do, instead of an answer.
 """

@@ -2,8 +2,8 @@
 a ``%%spmd`` cell runs, with the same lockstep, hang evidence, interrupt and recovery, and its
 values in process order.
 
-The function and its arguments cannot ride in the cell's code (the link and the back channel
-carry JSON, never pickles), so ipyparallel carries them (``ProcessCalls``' route for pickled
+The function and its arguments cannot ride in the cell's code (the link carries JSON,
+never pickles), so ipyparallel carries them (``ProcessCalls``' route for pickled
 values): held in each process's namespace (``engine/cells.py``), called by a one-line cell,
 its value taken back the same way, and both released.
 """

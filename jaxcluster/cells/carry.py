@@ -1,6 +1,6 @@
 """Each process's state carried across a restart (issue 43; ``engine/state.py`` does the work).
 
-Before the engines are replaced, every living process is asked, on its control thread (it may
+Before the engines are replaced, every living process is asked, on its link's thread (it may
 be stuck in a collective), to write its namespace on its own host; after the fresh engines
 started and the setup cells replayed, each fresh process puts back what its predecessor of the
 same index wrote. Nothing crosses hosts or comes through the notebook: only the folder's path

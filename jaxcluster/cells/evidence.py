@@ -1,5 +1,5 @@
-"""Where the processes of a running cell are, asked over the back channel on every host while
-they run (``engine/backchannel.py``): each main thread's stack, as the user's frames, and the
+"""Where the processes of a running cell are, asked over the link on every host while
+they run (``engine/link_end.py``): each main thread's stack, as the user's frames, and the
 multi-process program it dispatched last; and what processes that ended the cell dispatched.
 A process blocked in a collective releases the GIL, so its engine answers; one that holds it
 (or is gone) answers nothing in time, and nothing is concluded from it.

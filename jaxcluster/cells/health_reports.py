@@ -79,7 +79,7 @@ class CellReports:
 
 def ask_memory(calls: ProcessCalls, processes: Iterable[int], feed: HealthReports,
                wait: float = 0.0) -> None:
-    """Ask ``processes`` what memory they and their devices hold (on their control thread: a
+    """Ask ``processes`` what memory they and their devices hold (on their link's thread: a
     busy one answers too); the feed is told as the answers come, on ipyparallel's thread. With
     ``wait``, those that answer within it are told before this returns."""
     sent = calls.start({p: (registry.memory, ()) for p in processes})

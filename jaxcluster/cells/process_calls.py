@@ -3,13 +3,13 @@ process, one error (``CallError``) and one timeout, whichever route each process
 
 The route is picked per process and per call:
 
-- a call of the engine's registry that runs on the main thread (``engine/calls.py``, ``MAIN``:
-  a cell, a push's file) goes over the link (``jaxcluster.link``, signed with the cluster's
-  key) to a process on this host whose end of it this notebook reached;
-- any other call of the registry (and those) through its back channel, on any host, answered
-  while the process may be busy (``backchannel.py``);
-- a function outside the registry, or arguments that are not JSON (arrays, pickled values),
-  through ipyparallel's ``apply``, as ``View.apply`` would send it.
+- a call of the engine's registry (``engine/calls.py``: a cell, a push's file, where the main
+  thread is, an interrupt, ...) goes over the link (``jaxcluster.link``, signed with the
+  cluster's key) to a process, on any host, whose end of it this notebook reached: answered
+  while the process may be busy (``engine/link_end.py``);
+- a function outside the registry, arguments that are not JSON (arrays, pickled values), or a
+  process without a link (bring-up, before it opened one), through ipyparallel's ``apply``, as
+  ``View.apply`` would send it.
 """
 
 from __future__ import annotations
@@ -24,10 +24,10 @@ from ipyparallel.error import EngineError, RemoteError
 from ..engine import calls as registry
 from ..errors import engine_error_message
 from ..link import NO_ANSWER, CallError, Link
-from .backchannel import BackChannel, Replies, collect
 
 Request = tuple[Callable[..., Any], tuple[Any, ...]]  # an engine function and its arguments
-LINK, BACK_CHANNEL, IPYPARALLEL = "link", "back channel", "ipyparallel"  # the routes
+Replies = tuple[dict[int, Any], dict[int, str]]  # answers and errors, by process index
+LINK, IPYPARALLEL = "link", "ipyparallel"  # the routes
 
 
 class Sent:
@@ -54,30 +54,25 @@ class Sent:
 
 class ProcessCalls:
     """Calls to one cluster's processes; ``engine_ids``: process index -> its ipyparallel
-    registration; ``link``: the notebook's end of the link to those on this host."""
+    registration; ``link``: the notebook's end of the link to them."""
 
     def __init__(self, client: Any = None, engine_ids: dict[int, int] | None = None,
                  link: Link | None = None) -> None:
         self._client = client
         self.engine_ids = dict(engine_ids or {})
         self.link = link or Link(b"", {})
-        self.backchannel = BackChannel(client, self.engine_ids)
 
     def start(self, requests: dict[int, Request]) -> Sent:
         """Send each process its call, each by its route."""
-        near: dict[int, dict[str, Any]] = {}
-        far: dict[int, tuple[str, list[Any]]] = {}
+        linked: dict[int, dict[str, Any]] = {}
         applied: dict[int, concurrent.futures.Future] = {}
         msg_ids: list[str] = []
         for process, (function, args) in requests.items():
-            route = self.route(process, function, *args)
-            if route == IPYPARALLEL:
-                applied[process] = self._apply(process, function, args, msg_ids)
-            elif route == LINK:
-                near[process] = {"call": function.__name__, "args": list(args)}
+            if self.route(process, function, *args) == LINK:
+                linked[process] = {"call": function.__name__, "args": list(args)}
             else:
-                far[process] = (function.__name__, list(args))
-        answers = {**self.link.start(near), **self.backchannel.start(far), **applied}
+                applied[process] = self._apply(process, function, args, msg_ids)
+        answers = {**self.link.start(linked), **applied}
         return Sent(dict(sorted(answers.items())), self.link, self._client, msg_ids)
 
     def ask(self, requests: dict[int, Request], timeout: float) -> Replies:
@@ -101,13 +96,10 @@ class ProcessCalls:
         self.link.close()
 
     def route(self, process: int, function: Callable[..., Any], *args: Any) -> str:
-        """How ``function(*args)`` would reach ``process``: ``LINK``, ``BACK_CHANNEL`` or
-        ``IPYPARALLEL``."""
-        if not _registered(function, args):
-            return IPYPARALLEL
-        if registry.MAIN.get(function.__name__) is function and self.link.accepts(process):
+        """How ``function(*args)`` would reach ``process``: ``LINK`` or ``IPYPARALLEL``."""
+        if _registered(function, args) and self.link.accepts(process):
             return LINK
-        return BACK_CHANNEL
+        return IPYPARALLEL
 
     def _apply(self, process: int, function: Callable[..., Any], args: tuple[Any, ...],
                msg_ids: list[str]) -> concurrent.futures.Future:
@@ -132,6 +124,19 @@ def ask_engines(client: Any, requests: dict[int, Request]) -> dict[int, concurre
     """Each engine's call by its route, keyed by its ipyparallel id: at bring-up, before JAX
     has numbered the processes."""
     return ProcessCalls(client, {eid: eid for eid in requests}).start(requests).answers
+
+
+def collect(answers: dict[int, concurrent.futures.Future], timeout: float) -> Replies:
+    """The values and errors of calls' answers, by process; one not done failed at ``timeout``."""
+    values, errors = {}, {}
+    for process, answer in answers.items():
+        if not answer.done():
+            errors[process] = f"{NO_ANSWER} {timeout:g} s"
+        elif (error := answer.exception()) is not None:
+            errors[process] = str(error)
+        else:
+            values[process] = answer.result()
+    return values, errors
 
 
 def timed_out(error: str) -> bool:

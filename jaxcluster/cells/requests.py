@@ -2,8 +2,8 @@
 watcher reads while it runs.
 
 Each engine runs the cell between requests, as its next cell (``engine/cells.run_cell``), asked
-through the process-call layer (``process_calls.py``): over the link where it runs on this host
-(``engine/link_end.py``), its back channel elsewhere (``engine/backchannel.py``).
+through the process-call layer (``process_calls.py``), over the link (``engine/link_end.py``)
+on any host.
 ipyparallel's execute request would cost a round trip through the controller with the busy,
 input and idle messages around it, most of a trivial cell's cost: asked over the link,
 ``x = 1`` took 0.13 of ``%%px`` at 16 and 64 processes. It would also never answer a cell that
@@ -161,7 +161,7 @@ class _Cell:
 
     def interrupt(self, processes: list[int]) -> dict[int, concurrent.futures.Future]:
         """SIGINT to the cell on each of ``processes`` (``engine/cells.interrupt``), on the
-        control thread: one whose request has not reached its process's main thread yet (the
+        link's thread: one whose request has not reached its process's main thread yet (the
         link is another path) never runs. Each engine's answer says which it was."""
         return self.calls.start({p: (cells.interrupt, (self.msg_ids[p],))
                                  for p in processes}).answers

@@ -2,7 +2,7 @@
 
 ``run`` sends the code to every engine at once and watches the processes while they run.
 Once some have ended, it asks the others every few seconds where they are (their stacks and
-dispatch records, over the back channel on every host: ``evidence.py``, ``hang.py``). It gives
+dispatch records, over the link on every host: ``evidence.py``, ``hang.py``). It gives
 up on the cell only with proof (after ``hang_after`` seconds, some running process waits inside
 JAX on a process that has ended without dispatching what it waits for), at ``timeout``, when
 the caller is interrupted, or when an engine dies. Then the least destructive recovery first:

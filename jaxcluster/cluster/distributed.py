@@ -18,6 +18,7 @@ import ipyparallel as ipp
 
 from ..cells.process_calls import ask_engines
 from ..contracts import ProcessInfo, Progress
+from ..engine import link_end
 from ..engine import process as _engine
 from ..errors import JaxClusterError
 from ..link import addresses
@@ -87,20 +88,27 @@ def initialize(
                          options.devices_per_node, options.allow_shared_gpu,
                          options.devices_per_node or DEFAULT_CPU_DEVICES)
     here = _engine.machine(_engine.host_facts())
-    timeout = left().timeout
     launcher = launcher_named(options.launcher)
+    reached = {eid: launcher.address(identities[eid]) for eid in engine_ids}
+    local = {eid for eid in engine_ids
+             if here and _engine.machine(identities[eid]["facts"]) == here}
+    # before JAX's start-up, which may wait long: a start that runs out of time asks each
+    # process over it where it waits
+    links = gather(ask_engines(client, {
+        eid: (link_end.open_link, (reached[eid], link_dir if eid in local else None))
+        for eid in engine_ids}), engine_ids, "open its link", left().timeout, margin=margin)
+    timeout = left().timeout
     pending = ask_engines(client, {
         eid: (_engine.initialize, (
             coordinator,
             len(engine_ids),
             index,
             timeout,
-            launcher.address(identities[eid]),
+            reached[eid],
             # --coordinator, or the scheduler's, may name an address that is not process 0's
             # own (NAT, a Kubernetes service)
             options.coordinator is None and given is None,
             gpu_plan.devices[index],
-            link_dir if here and _engine.machine(identities[eid]["facts"]) == here else None,
             gpu_plan.platform,
         ))
         for index, eid in enumerate(engine_ids)
@@ -110,7 +118,9 @@ def initialize(
         results = gather(pending, engine_ids, "initialize jax.distributed", timeout, progress,
                          "JAX initialized", margin, hosts)
     except JaxClusterError as e:
-        lines = [str(e), *where_unfinished(client, pending, engine_ids)]
+        reachable = {i: (reached_by(links[eid], eid in local), eid)
+                     for i, eid in enumerate(engine_ids) if links[eid]}
+        lines = [str(e), *where_unfinished(client, pending, engine_ids, reachable)]
         raise JaxClusterError("\n".join(lines)) from None
     job = _job(engine_ids, identities, results, options, coordinator)
     job.notes = gpu_plan.notes
@@ -288,16 +298,23 @@ def _job(
     coordinator: str | None,
 ) -> JaxProcesses:
     processes = verified_processes(engine_ids, identities, results, options)
-    links = {
-        p.process_index: (results[p.engine_id]["link"], p.engine_id)
-        for p in processes if results[p.engine_id].get("link")
-    }
     machines = [_engine.machine(identities[p.engine_id]["facts"]) for p in processes]
     mine = _engine.machine(_engine.host_facts())
     here = {i for i, m in enumerate(machines) if m is not None and m == mine}
+    links = {
+        p.process_index: (reached_by(results[p.engine_id]["link"], p.process_index in here),
+                          p.engine_id)
+        for p in processes if results[p.engine_id].get("link")
+    }
     first = results[processes[0].engine_id]
     return JaxProcesses(processes, coordinator, links, machines, here,
                         first.get("features_off", {}))
+
+
+def reached_by(link: dict[str, str], local: bool) -> str:
+    """The endpoint of an engine's link (``link_end.open_link``'s) that this notebook takes:
+    its Unix socket on this machine, where it has one, else TCP."""
+    return link["ipc"] if local and "ipc" in link else link["tcp"]
 
 
 def verified_processes(

@@ -104,7 +104,7 @@ class JaxCluster(KeptClusters):
     here: RunningAttribute[set[int]] = RunningAttribute(set)
     # what the engines' JAX or IPython lacks, and why
     features_off: RunningAttribute[dict[str, str]] = RunningAttribute(dict)
-    # calls to the processes by index: the link here, back channels anywhere, ipyparallel
+    # calls to the processes by index: the link, or ipyparallel for pickled values
     calls: RunningAttribute[ProcessCalls] = RunningAttribute(ProcessCalls)
 
     # -- public surface ------------------------------------------------------------------------

@@ -13,7 +13,7 @@ from ..cells.process_calls import ProcessCalls
 from ..contracts import Progress
 from ..engine import calls
 from ..errors import JaxClusterError
-from ..link import CallError
+from ..link import CallError, Link
 from ..render.labels import awaited, process_label
 
 # seconds the others get once one process failed: JAX's start-up waits for every process, so
@@ -106,16 +106,24 @@ def _report(
     return lines
 
 
-def where_unfinished(client: Any, pending: dict[int, Any], engine_ids: list[int]) -> list[str]:
+def where_unfinished(client: Any, pending: dict[int, Any], engine_ids: list[int],
+                     links: dict[int, tuple[str, int]]) -> list[str]:
     """Where the main thread of each process whose ``pending`` call has not finished waits
-    (its innermost frame, asked over its back channel, which answers while it is busy), the
-    processes at one place together: a start that ran out of time says which line holds it."""
+    (its innermost frame, asked over its link, ``links``' endpoint and engine id by process
+    index, which answers while it is busy), the processes at one place together: a start that
+    ran out of time says which line holds it."""
     index_of = {eid: i for i, eid in enumerate(engine_ids)}
     unfinished = {index_of[eid]: eid for eid, ar in pending.items() if not ar.done()}
     if not unfinished:
         return []
-    answers, _ = ProcessCalls(client, unfinished).call(unfinished, calls.where,
-                                                       timeout=WHERE_SECONDS)
+    session = client.session
+    link = Link(session.key, {i: links[i] for i in unfinished if i in links},
+                session.signature_scheme)
+    asking = ProcessCalls(client, unfinished, link)
+    try:
+        answers, _ = asking.call(unfinished, calls.where, timeout=WHERE_SECONDS)
+    finally:
+        asking.close()
     places: dict[str, list[int]] = {}
     for index in sorted(unfinished):
         stack = (answers.get(index) or {}).get("stack") or []

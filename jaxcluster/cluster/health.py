@@ -4,7 +4,7 @@ What the launchers recorded of the engines they started comes first: the exit co
 forking process reported (a pid names a process on its own host only, so records are matched
 by host and pid). Then, for local engines, which this notebook forked on its own host, the
 process table; for every other engine, the controller's heartbeat. Where a running process is,
-and signals to it, go over the back channel (``cells/evidence.py``).
+and signals to it, go over the link (``cells/evidence.py``).
 """
 
 from __future__ import annotations

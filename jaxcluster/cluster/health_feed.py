@@ -4,7 +4,7 @@ subscribers as immutable snapshots (``contracts.HealthSnapshot``).
 Three publishers. The watcher of a ``%%spmd`` cell (``cells/spmd.py``) says what the processes
 it runs on do: running cell N, waiting in a multi-process program, asking for input, in the
 debugger, ended. The processes themselves say what memory they and their devices hold, asked
-(``engine/calls.py``'s ``memory``, on their control thread) at the end of a cell (at most
+(``engine/calls.py``'s ``memory``, on their link's thread) at the end of a cell (at most
 every ``MEMORY_EVERY`` seconds) and by ``%jax_cluster status``: memory changes while code
 runs. The poller, this module's thread, looks every ``POLL_EVERY`` seconds at what needs no
 engine's answer: deaths (the launchers' records, the process table of this host, the heartbeat

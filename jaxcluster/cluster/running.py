@@ -43,7 +43,7 @@ class RunningCluster:
     client: ipp.Client | None = None
     processes: list[ProcessInfo] = field(default_factory=list)
     view: ipp.DirectView | None = None  # non-blocking, over all engines, in process order
-    # calls to the processes by index: the link here, back channels anywhere, ipyparallel
+    # calls to the processes by index: the link, or ipyparallel for pickled values
     calls: ProcessCalls = field(default_factory=ProcessCalls)
     coordinator: str | None = None
     # by process index: the machine it runs on (None: unknown); those on the notebook's

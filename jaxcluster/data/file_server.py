@@ -9,7 +9,7 @@ and the hosts read at the same time.
 A request is a token that the notebook gave the reader through ipyparallel (signed with the
 cluster's key): 32 hex digits and a newline. The answer is the file's bytes, then the connection
 closes; an unknown token is answered by closing at once. Nothing here is signed: the reader
-answers, over its signed back channel, the SHA-256 of what arrived, and the notebook compares
+answers, over its signed link, the SHA-256 of what arrived, and the notebook compares
 it with its file's before anything is unpickled (``to_processes.py``). The server listens on
 the address the engines reach the controller at, on a port of its own, while its cluster runs.
 """

@@ -40,7 +40,7 @@ CLEANUP_SECONDS = 10.0
 
 class ClusterHandle(handle.ClusterHandle, Protocol):
     """The part of ``JaxCluster`` that moving data uses: what running cells use (its processes'
-    the link and back channels), and where other hosts read pushed values."""
+    links), and where other hosts read pushed values."""
 
     @property
     def file_server(self) -> FileServer | None: ...

@@ -224,8 +224,8 @@ def _on(
 ) -> tuple[dict[int, Any], dict[int, str]]:
     """One call on each of ``processes`` at once: (replies, errors) by process index; one that
     does not answer within ``timeout`` (default: the cluster's) fails. Each goes by its route
-    (``cells.process_calls``): the link on this host, else the back channel for the engine's
-    registered calls, else ipyparallel for pickled values."""
+    (``cells.process_calls``): the link for the engine's registered calls, else
+    ipyparallel for pickled values."""
     timeout = cluster.timeout if timeout is None else timeout
     function, *args = request
     return cluster.calls.call(processes, function, *args, timeout=timeout)

@@ -1,6 +1,6 @@
 """What runs on an engine, in one JAX process; the notebook sends these modules' functions by
 reference. It offers ``process``, ``topology``, ``bootstrap``, ``forking``, ``imports``, ``cells``,
-``calls``, ``link_end`` (its end of the link), ``backchannel``, ``dispatch``, ``values``,
+``calls``, ``link_end`` (its end of the link), ``dispatch``, ``values``,
 ``data``, ``sharding``, ``stdin``, ``sigint``, ``sync``, ``scripts``, ``tracebacks`` (the
 stack JAX records in a cell), ``introspect``, ``state`` (a process's state across a restart),
 ``profile`` (a profiled cell's traces), ``session`` (the hooks, installed in one order),
@@ -9,7 +9,6 @@ and one adapter per library whose internals it uses: ``jax_internals``, ``ipytho
 (``python -m jaxcluster.engine``). IPython only where the engine's shell is needed."""
 
 __all__ = [
-    "backchannel",
     "bootstrap",
     "calls",
     "cells",

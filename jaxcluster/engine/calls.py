@@ -1,7 +1,7 @@
 """The calls a notebook asks of an engine by name, the one registry of them, and the one answer
-envelope that the link (``link_end.py``) and the back channel (``backchannel.py``) both give.
+envelope, which the link (``link_end.py``) gives.
 
-``CONTROL`` calls run on the control thread at once, also while the main thread is busy in a
+``CONTROL`` calls run on the link's thread at once, also while the main thread is busy in a
 cell: where the main thread is, its memory and its devices', this cell's dispatch counts, an
 interrupt, the answer to a read of stdin, its state written before a restart (``state``), its
 clock and its trace started and stopped (``profile``).
@@ -67,7 +67,7 @@ def _calling(frame: Any) -> str | None:
 def memory() -> dict[str, Any]:
     """This process's resident memory in bytes, and per local device ``[id, bytes in use,
     peak]`` where JAX reports them (None where it does not: CPU devices). No devices before JAX
-    made its backends: asking for them would make them, here, on the control thread."""
+    made its backends: asking for them would make them, here, on the link's thread."""
     devices = []
     if jax_internals.backends_initialized():
         import jax

@@ -4,8 +4,8 @@ temporary file, so every process reports the same text and ``%%spmd`` collapses 
 
 ``%%spmd`` sends the notebook's execution count as the request's ``label`` metadata.
 
-``run_cell`` runs a cell asked for over the engine's link (``engine/link_end.py``) or its back
-channel. ``interrupt`` (from the back channel's thread) stops one: its code gets one
+``run_cell`` runs a cell asked for over the engine's link (``engine/link_end.py``).
+``interrupt`` (from the link's thread) stops one: its code gets one
 ``KeyboardInterrupt``, however early the press came; one whose request has not reached the
 main thread yet (it travels by another path than the interrupt) does not run at all, and ends
 in the same ``KeyboardInterrupt``. Either way the process keeps its state, and the notebook
@@ -156,7 +156,7 @@ def release_call() -> Any:
 
 
 def interrupt(msg_id: str) -> bool:
-    """Interrupt the cell of request ``msg_id`` (from the back channel's thread): True when it
+    """Interrupt the cell of request ``msg_id`` (from the link's thread): True when it
     runs, and its code gets a ``KeyboardInterrupt`` (``sigint``); otherwise it will not run,
     should its request still come."""
     with _cells_lock:

@@ -19,8 +19,8 @@ processes may read):
   ``ExecuteReplicated.__call__``, wrapped to count before the program runs.
 
 Both paths name a program by the same key: its name and its outputs' shardings and types,
-the same on every process that runs it. The latest call is what the engine's back channel
-(``backchannel.py``) hands the notebook while this process is busy (``latest``).
+the same on every process that runs it. The latest call is what the engine's link
+(``link_end.py``) hands the notebook while this process is busy (``latest``).
 
 Everything is guarded: where JAX's internals differ, nothing is installed
 (``jax_internals.missing`` says why), and a failure inside the hook falls back to JAX's own
@@ -97,7 +97,7 @@ _slow: weakref.WeakKeyDictionary[Any, Program | None] = weakref.WeakKeyDictionar
 # function, weakly (one made and dropped in a loop is not kept alive here), the aval, program
 FastEntry = tuple[weakref.ref[Any], Any, Program | None]
 _fast: dict[int, FastEntry] = {}
-# the latest program is replaced whole, never changed in place: the control thread reads it
+# the latest program is replaced whole, never changed in place: the link's thread reads it
 _state: dict[str, Any] = {"installed": False, "cell": 0, "latest": None, "processes": None}
 
 
@@ -243,7 +243,7 @@ def latest() -> dict[str, Any] | None:
 
 
 def counts() -> dict[str, Any]:
-    """This cell's counts, asked over the back channel (``backchannel.py``):
+    """This cell's counts, asked over the link (``link_end.py``):
     ``counts``: program key -> calls; ``programs``: key -> name, processes, devices."""
     programs = list(_active)
     return {

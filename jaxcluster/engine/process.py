@@ -151,7 +151,6 @@ def initialize(
     address: str | None = None,
     bind_coordinator: bool = False,
     gpus: list[int] | None = None,
-    link_dir: str | None = None,
     platform: str | None = None,
 ) -> dict:
     """``jax.distributed.initialize`` this process and describe what it then sees.
@@ -160,17 +159,11 @@ def initialize(
     ``bind_coordinator``: the coordination service (process 0) listens on the coordinator's
     address only, not on all interfaces (JAX's default): it is unauthenticated.
     ``gpus``: the GPUs this process uses, where several processes share a host's GPUs.
-    ``link_dir``: where to open its end of the link, for a notebook on this host (``link_end``).
     ``platform``: JAX's platform chosen at start (``cluster/gpus.py``: CPU devices where the
     host has too few GPUs), set before any backend exists.
     """
     import jax
 
-    from . import backchannel
-
-    # before JAX's start-up, which may wait long: a start that runs out of time asks each
-    # process where it waits (``cluster/gather.py``); the session installs it again, later
-    backchannel.install()
     if platform is not None:
         jax.config.update("jax_platforms", platform)
 
@@ -187,7 +180,7 @@ def initialize(
     )
     if address:
         _cpu_collectives_listen_on(address)
-    link = _install_hooks(link_dir, address, gpus)
+    link = _install_hooks(address, gpus)
     try:
         with imports.entry_points_read_once():  # JAX looks for its plugins as its backend starts
             return {**describe_jax(), "link": link}
@@ -306,16 +299,15 @@ def jax_state() -> dict | None:
 
     if not jax.distributed.is_initialized():
         return None
-    _install_hooks()
-    return describe_jax()
+    link = _install_hooks()
+    return {**describe_jax(), "link": link}
 
 
-def _install_hooks(
-    link_dir: str | None = None, address: str | None = None, gpus: list[int] | None = None
-) -> str | None:
-    """This engine's session (``session.py``: its hooks, in their order), with its shards
-    served on ``address`` and ``gpus`` the GPUs this process was given; the endpoint of the
-    link opened in ``link_dir``, for a notebook on this host."""
+def _install_hooks(address: str | None = None, gpus: list[int] | None = None
+                   ) -> dict[str, str] | None:
+    """This engine's session (``session.py``: its hooks, in their order), with ``gpus`` the
+    GPUs this process was given; where its link listens (``link_end``, opened by the
+    notebook's bring-up, else here at ``address``), its shards served there."""
     from . import session
 
-    return session.start(link_dir, address, gpus, machine(host_facts()))
+    return session.start(address, gpus, machine(host_facts()))

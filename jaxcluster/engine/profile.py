@@ -1,6 +1,6 @@
 """A process's part of a profiled cell (``%%spmd --profile``): ``jax.profiler`` traces the cell
 into a folder of this host's temporary directory; a mark in the trace ties its timestamps to this
-process's clock, which the notebook reads over the back channel to learn the host's offset; and
+process's clock, which the notebook reads over the link to learn the host's offset; and
 the host's traces are handed to the notebook once, over ipyparallel, then removed here.
 
 Nothing here runs unless the notebook asks for a profile: an unprofiled cell costs nothing.

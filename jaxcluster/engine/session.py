@@ -15,7 +15,6 @@ from typing import Any
 
 from ..link import addresses
 from . import (
-    backchannel,
     cells,
     chatter,
     data,
@@ -45,13 +44,14 @@ class Part:
 
 
 class EngineSession:
-    """This engine's hooks, installed once (``start``). ``address``: where this process
-    serves its shards; ``gpus``: the GPUs it was given, if not all it sees; ``machine``: what
-    tells its machine from another (``process.machine``)."""
+    """This engine's hooks, installed once (``start``). ``address``: where the other hosts
+    reach this process's link; ``gpus``: the GPUs it was given, if not all it sees;
+    ``machine``: what tells its machine from another (``process.machine``)."""
 
     def __init__(self, address: str | None, gpus: list[int] | None, machine: str | None
                  ) -> None:
         self.address, self.gpus, self.machine = address, gpus, machine
+        self.link: dict[str, str] | None = None  # where its link listens, once open
         self.shell = _shell()
 
     def install(self) -> None:
@@ -72,19 +72,21 @@ class EngineSession:
         for step in ENDING_A_CELL:
             step(self)
 
-    def serve_shards(self) -> None:
-        """Serve this process's shards to the others' reads (``shards.py``), on ``address``,
-        or where the coordinator is reached from, signed with the cluster's key."""
+    def open_link(self) -> None:
+        """This engine's link (``link_end``), on ``address``, or where the coordinator is
+        reached from; where it opened already (at bring-up), as it is. With jax.distributed
+        up, this process's shards are served on it to the others' reads (``shards.py``)."""
         state = jax_internals.coordination()
-        if state is None or state.client is None or state.process_id is None:
-            return
+        towards = state.coordinator_address if state is not None else None
+        address = self.address or addresses.address_towards(towards or "127.0.0.1:0")
+        self.link = link_end.open_link(address)
         kernel = ipykernel_internals.kernel()
-        if kernel is None:
+        if (self.link is None or kernel is None or state is None or state.client is None
+                or state.process_id is None):
             return
-        address = self.address or addresses.address_towards(
-            state.coordinator_address or "127.0.0.1:0")
-        shards.serve(address, bytes(kernel.session.key), kernel.session.signature_scheme,
-                     kernel.engine_id, state.process_id, state.client, self.machine)
+        shards.serve(self.link["tcp"], bytes(kernel.session.key),
+                     kernel.session.signature_scheme, kernel.engine_id, state.process_id,
+                     state.client, self.machine)
 
 
 def _shell() -> Any:
@@ -117,10 +119,8 @@ PARTS = (
     # reads name arrays to their owners by values' numbers; the shards are served once reads
     # can ask for them
     Part("global reads", lambda _: reads.install()),
-    Part("shard service", EngineSession.serve_shards),
+    Part("the link and its shard service", EngineSession.open_link),
     Part("dispatch record", lambda _: dispatch.install(), new_cell=lambda _: dispatch.new_cell()),
-    # on the control thread from here on: it reports the record above, answers stdin below
-    Part("back channel", lambda _: backchannel.install()),
     Part("stdin", lambda session: stdin.install(session.shell)),
     Part("pushes settled", lambda _: None, new_cell=lambda _: data.settle()),
     Part("a script's initialize", lambda session: scripts.install(session.gpus)),
@@ -133,13 +133,11 @@ ENDING_A_CELL = [part.cell_ended for part in PARTS if part.cell_ended is not Non
 _session: list[EngineSession] = []  # this engine's, once started
 
 
-def start(link_dir: str | None = None, address: str | None = None,
-          gpus: list[int] | None = None, machine: str | None = None) -> str | None:
-    """Install this engine's hooks, once; open its end of the link for a notebook on this host
-    (in ``link_dir``) and return its endpoint. The link opens after every hook is in: the
-    notebook sends cells through it as soon as it knows the endpoint."""
+def start(address: str | None = None, gpus: list[int] | None = None,
+          machine: str | None = None) -> dict[str, str] | None:
+    """Install this engine's hooks, once, and say where its link listens (``link_end``)."""
     if not _session:
         session = EngineSession(address, gpus, machine)
         session.install()
         _session.append(session)
-    return link_end.open_link(link_dir) if link_dir else None
+    return _session[0].link

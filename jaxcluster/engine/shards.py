@@ -6,9 +6,9 @@ Why by hand: JAX offers no way for one process to read another's shards on its o
 ``if jax.process_index() == 0:``), and JAX's transfer server moves arrays only between processes
 that both call ``device_put``.
 
-Each engine serves its shards on a link server of its own (``jaxcluster.link``: a ROUTER on
-a thread of its own, over TCP, on the address its other cluster ports use: gloo's, JAX's transfer
-server), whose endpoint and engine id are published in ``jax.distributed``'s key-value store. A
+Each engine serves its shards on its end of the link (``link_end.py``: a ROUTER on a thread of
+its own, over TCP, on the address its other cluster ports use: gloo's, JAX's transfer server),
+whose endpoint and engine id are published in ``jax.distributed``'s key-value store. A
 read asks through ``link.exchange``: a hello first, which only the owner's engine answers, signed
 with the cluster's key (ipyparallel's, which every engine holds: the store's word alone is
 trusted for nothing), then the request, signed, naming an array by the key every process gives
@@ -31,7 +31,7 @@ import threading
 import uuid
 from typing import Any
 
-from ..link import CallError, LinkServer, exchange, loop_of_its_own, made_on, signing
+from ..link import CallError, exchange, signing
 from . import jax_internals, values
 
 CONNECT_TIMEOUT = 4.0  # a live owner answers a hello at once, busy or not: its server is a thread
@@ -47,7 +47,7 @@ Box = list[tuple[int, int]]
 # address: this process's server's (host, port); addresses: what each owner published, as
 # read; shared_memory: owners on this machine write into the reader's memory (the fast path;
 # TCP is the general one, which tests compare it with)
-_state: dict[str, Any] = {"session": None, "loop": None, "address": None, "addresses": {},
+_state: dict[str, Any] = {"session": None, "address": None, "addresses": {},
                           "machine": None, "shared_memory": True}
 
 
@@ -59,23 +59,16 @@ class OwnerError(RuntimeError):
         self.why, self.lost = why, lost
 
 
-def serve(address: str, key: bytes, scheme: str, engine_id: int, process_index: int,
-          kv_client: Any, machine: str | None) -> tuple[str, int] | None:
-    """Serve this process's shards on ``address`` and publish where, with this engine's id and
-    the ``machine`` it runs on (``process.machine``); None without a key (an unsigned server
-    would let anyone on the network read the arrays)."""
+def serve(endpoint: str, key: bytes, scheme: str, engine_id: int, process_index: int,
+          kv_client: Any, machine: str | None) -> tuple[str, int]:
+    """Serve this process's shards on its link (``link_end``, at ``endpoint``) and publish
+    where, with this engine's id and the ``machine`` it runs on (``process.machine``)."""
     served: tuple[str, int] | None = _state["address"]
     if served is not None:
         return served
-    if not key:
-        return None
-    loop = loop_of_its_own("jaxcluster-shards")
-    host = f"[{address}]" if ":" in address else address
-    server = made_on(loop, lambda: LinkServer(key, scheme, f"tcp://{host}:0", _answer,
-                                                    loop, engine_id))
-    endpoint = server.endpoint
-    served = (address, int(endpoint.rsplit(":", 1)[1]))
-    _state.update(session=signing(key, scheme), loop=loop, address=served, machine=machine)
+    host, port = endpoint.removeprefix("tcp://").rsplit(":", 1)
+    served = (host.strip("[]"), int(port))
+    _state.update(session=signing(key, scheme), address=served, machine=machine)
     kv_client.key_value_set(ADDRESS_KEY.format(process_index),
                             json.dumps({"endpoint": endpoint, "engine_id": engine_id,
                                         "machine": machine}),
@@ -83,9 +76,13 @@ def serve(address: str, key: bytes, scheme: str, engine_id: int, process_index: 
     return served
 
 
-def _answer(request: dict[str, Any], reply: Any) -> None:
-    """On the server's loop: each request on a thread of its own (an owner behind the reader
-    makes the array first), its answer sent from the loop."""
+def answer(request: dict[str, Any], reply: Any) -> None:
+    """A read of this process's shards, asked on the link's loop, each answered on a thread of
+    its own (an owner behind the reader makes the array first); ``reply`` may be called from
+    any thread."""
+    if _state["address"] is None:  # its link opened before its JAX: nobody was told of it
+        reply({"error": "this process serves no shards yet"})
+        return
     threading.Thread(target=_serve, args=(request, reply), name="jaxcluster-shard",
                      daemon=True).start()
 
@@ -93,7 +90,6 @@ def _answer(request: dict[str, Any], reply: Any) -> None:
 def _serve(request: dict[str, Any], reply: Any) -> None:
     import numpy as np
 
-    loop = _state["loop"]
     try:
         found = _boxes(request)
         if "into" in request:  # a reader on this machine: straight into its memory
@@ -105,14 +101,10 @@ def _serve(request: dict[str, Any], reply: Any) -> None:
             answer = {"sizes": [b.nbytes for b in buffers],
                       "digests": [hashlib.sha256(b).hexdigest() for b in buffers]}
     except Exception as e:
-        loop.add_callback(reply, {"error": str(e) or type(e).__name__})
+        reply({"error": str(e) or type(e).__name__})
         return
-
-    def send() -> None:
-        reply({"value": answer}, buffers)
-        values.served(request["key"])
-
-    loop.add_callback(send)
+    reply({"value": answer}, buffers)
+    values.served(request["key"])
 
 
 def _boxes(request: dict[str, Any]) -> list[Any]:

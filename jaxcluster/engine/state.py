@@ -1,7 +1,7 @@
 """A process's state kept across a restart (issue 43): its user namespace, written on its own
 host, and put back into the fresh engine that takes its process index there.
 
-``keep`` runs on the control thread (``calls.CONTROL``): the main thread may be stuck in XLA (a
+``keep`` runs on the link's thread (``calls.CONTROL``): the main thread may be stuck in XLA (a
 collective that another process skipped), which holds no lock Python needs, so the namespace
 can be read meanwhile. A ``jax.Array`` is written as its addressable shards (one copy of each
 distinct shard: a replicated array's devices share it) and its sharding (the mesh by device

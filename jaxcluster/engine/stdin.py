@@ -2,11 +2,11 @@
 them (``breakpoint()``, ``pdb.set_trace()``, ``jax.debug.breakpoint()``) ask the notebook.
 
 An engine has no terminal, and the notebook never sent its cells with stdin (``%%spmd`` asks
-over the link or the back channel, not with an execute request), so ``input()`` used to read
+over the link, not with an execute request), so ``input()`` used to read
 EOF and a debugger's prompt waited for nobody. Here a read publishes an input request on
 iopub, under the cell's own header, which the notebook's client hands the running cell
 (``cells/asks.py``): the notebook asks its front end, labelled by process, and answers over the
-back channel (``answer``, run on the control thread while the main thread waits here). Any
+link (``answer``, run on the link's thread while the main thread waits here). Any
 thread may ask: ``jax.debug.breakpoint()`` inside ``jit`` asks from XLA's callback thread.
 
 Where the notebook cannot ask (nbclient, nbval: no stdin), the read raises ipykernel's own
@@ -117,13 +117,13 @@ def take_over(parent: dict[str, Any]) -> None:
 
 
 def asking() -> str | None:
-    """The prompt this process waits on an answer to, if it waits (the back channel's
+    """The prompt this process waits on an answer to, if it waits (the link's
     ``where`` reports it: the hang rule leaves such a process alone)."""
     return _state["asking"]
 
 
 def answer(request_id: str, value: str | None, error: str | None = None) -> bool:
-    """The notebook's answer to one read (on the control thread): ``value``, or ``error``
+    """The notebook's answer to one read (on the link's thread): ``value``, or ``error``
     for a notebook that cannot ask; False when nobody waits on it any more."""
     with _lock:
         waiter = _waiting.get(request_id)

@@ -1,8 +1,8 @@
 """The link's listening half, on a process: a ROUTER socket served by an event loop, answering
 each signed request with ``handle(content, reply)``; ``reply`` takes the answer's content (and
 raw buffers after it, unsigned), at once or later (a cell that awaits), on the loop's thread.
-The loop is the kernel's (calls for the main thread) or one of its own (``loop_of_its_own``,
-for a server that answers while the main thread runs a cell).
+The loop is one of its own (``loop_of_its_own``): a server answers while the main thread runs
+a cell, and hands the main thread what must run there.
 
 What is not a signed request of this cluster (random bytes, another key's, a replay) is
 refused by ``messages.read`` and dropped; the socket and the loop go on serving the others.
@@ -28,19 +28,24 @@ Handler = Callable[[dict[str, Any], Reply], None]
 
 
 class LinkServer:
-    """Listen on ``endpoint`` (``ipc://path`` or ``tcp://address:port``) with ``loop`` (a
-    tornado IOLoop), answering requests signed with ``key`` by ``handle``. Each request names
-    the engine it is for: another engine's (a path that leads here for another process) is
-    refused without running; a hello (the notebook's first request) only says it is this one."""
+    """Listen on ``endpoints`` (each ``ipc://path`` or ``tcp://address:port``, one ROUTER
+    bound to all) with ``loop`` (a tornado IOLoop), answering requests signed with ``key`` by
+    ``handle``; ``endpoints`` then says where (ports picked), ``endpoint`` the first. Each
+    request names the engine it is for: another engine's (a path that leads here for another
+    process) is refused without running; a hello (the notebook's first request) only says it
+    is this one."""
 
-    def __init__(self, key: bytes, scheme: str, endpoint: str, handle: Handler, loop: Any,
-                 engine_id: int) -> None:
+    def __init__(self, key: bytes, scheme: str, endpoints: str | Sequence[str], handle: Handler,
+                 loop: Any, engine_id: int) -> None:
         self._session = signing(key, scheme)
         self._handle, self._engine_id = handle, engine_id
         self._socket: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.ROUTER)
         self._socket.setsockopt(zmq.LINGER, 0)
-        self._socket.bind(endpoint)
-        self.endpoint: str = self._socket.getsockopt_string(zmq.LAST_ENDPOINT)
+        self.endpoints: list[str] = []
+        for endpoint in [endpoints] if isinstance(endpoints, str) else endpoints:
+            self._socket.bind(endpoint)
+            self.endpoints.append(self._socket.getsockopt_string(zmq.LAST_ENDPOINT))
+        self.endpoint = self.endpoints[0]
         self._stream = ZMQStream(self._socket, loop)
         self._stream.on_recv(self._receive)
 

@@ -40,7 +40,7 @@ STOP_SECONDS_UNTIL_KILL = 1
 
 ENGINE_CMD = [sys.executable, "-m", "jaxcluster.engine"]
 # No nanny process beside any engine: ipyparallel's costs a whole Python process per engine,
-# and what it offers is not used here (calls and interrupts go over the back channel, an
+# and what it offers is not used here (calls and interrupts go over the link, an
 # engine's end is seen by its engine set and the heart monitor)
 NO_NANNY = "--IPEngine.enable_nanny=False"
 CONTROLLER_CMD = [sys.executable, "-m", "jaxcluster.cluster.controller"]  # ipyparallel's, gc off
