@@ -165,10 +165,13 @@ def test_a_process_that_dies_initializing_jax_fails_the_start_saying_how_it_ende
     message = str(info.value)
     assert message.startswith("Could not initialize jax.distributed on process"), message
     said = message.partition("The output of the processes that ended:")[2]
-    # its signal, and its log up to the request it died in (what its own C++ wrote to fd 2
-    # as it died may not have been passed on: a thread of the process passes it, see chatter)
-    assert f"(exit code {-signal.SIGABRT}) ---" in said, message
-    assert "Handling apply_request" in said.splitlines()[-1], message
+    # its signal, how it crashed and where, innermost first (Python's faulthandler, on a copy
+    # of the engine's fd 2), then its log up to the request it died in
+    header, cause, innermost, *rest = said.strip().splitlines()
+    assert header.endswith(f"(exit code {-signal.SIGABRT}) ---"), message
+    assert cause == "Fatal Python error: Aborted", message
+    assert innermost == f'  File "{tmp_path / "sitecustomize.py"}", line 7 in initialize', message
+    assert "Handling apply_request" in rest[-1], message
     assert wait_until_gone([p.pid for p in cluster_processes(cluster.cluster_id)],
                            GONE_SECONDS) == []
 

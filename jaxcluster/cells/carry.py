@@ -18,6 +18,7 @@ from typing import Any
 
 from ..contracts import Progress
 from ..engine import state
+from ..link import CallError
 from ..render.labels import process_label
 from .process_calls import ProcessCalls
 
@@ -103,7 +104,11 @@ def take(calls: ProcessCalls, processes: list[int], dead_now: Callable[[], dict[
                 try:
                     carried.taken[process] = answer.result()
                 except Exception as e:  # refused, or its engine went away
-                    carried.lost[process] = f"it did not write its state ({e})"
+                    # a dropped connection may come before the watcher knows the death
+                    lost = isinstance(e, CallError) and e.lost
+                    why = (dead_now().get(process) or str(e)) if lost else None
+                    carried.lost[process] = (f"it died ({why})" if why
+                                             else f"it did not write its state ({e})")
                 if progress is not None:
                     progress(STAGE, len(alive) - len(pending), len(alive))
         if pending:

@@ -74,6 +74,9 @@ def _settle(future: concurrent.futures.Future[None], _stop_data: Any) -> None:
         future.set_result(None)
 
 
+CRASH_FRAMES = 8  # of a crashed process's stack, innermost first
+
+
 def exited_engine_output(
     cluster: ipp.Cluster | None, reasons: Callable[[str], tuple[list[str], str]],
     pids: set[int] | None = None,
@@ -91,10 +94,22 @@ def exited_engine_output(
         ended = f" (exit code {code})" if code is not None else ""
         lines.append(f"--- {what}{where}, pid {data.get('pid')}{ended} ---")
         why, rest = reasons(output)
+        crash, rest = _crash(rest)
         # the reason and its fix come first: a tail of a long help text would cut them off
-        lines.extend(why)
+        lines.extend(why + crash)
         lines.extend(rest.strip().splitlines()[-15:])
     return lines
+
+
+def _crash(output: str) -> tuple[list[str], str]:
+    """What Python wrote as the process crashed in C (``engine/forking.report_crashes``): its
+    cause and the innermost frames of the thread that crashed; and the output before it."""
+    before, fatal, dump = output.partition("Fatal Python error: ")
+    if not fatal:
+        return [], output
+    cause, *stack = dump.split("\n")
+    frames = [line for line in stack if line.startswith("  File ")][:CRASH_FRAMES]
+    return [f"{fatal}{cause}", *frames], before
 
 
 def with_ended_output(launched: Any, identities: dict[int, Any], error: Exception) -> Exception:

@@ -36,6 +36,7 @@ def main() -> None:
         bootstrap.start_again_with_the_engines_environment()
     from . import forking
 
+    forking.report_crashes()
     channel = forking.begin() if fork else None
     with contextlib.suppress(Exception):  # see above
         import jax  # noqa: F401

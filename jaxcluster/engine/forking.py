@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import faulthandler
 import gc
 import json
 import os
@@ -189,6 +190,7 @@ class Supervisor:
         os.dup2(output.fileno(), 1)
         os.dup2(output.fileno(), 2)
         output.close()
+        report_crashes()
         numpy = sys.modules.get("numpy")
         if numpy is not None:
             # numpy's global generator was seeded once, in the parent: without this every
@@ -228,3 +230,10 @@ def _tail(output: IO[bytes]) -> str:
     start = max(0, size - OUTPUT_TAIL_BYTES)
     text = os.pread(output.fileno(), size - start, start).decode("utf-8", "replace")
     return text if start == 0 else text.partition("\n")[2]  # from a line's start
+
+
+def report_crashes() -> None:
+    """A crash in C (JAX's, XLA's: a failed check, a segfault) writes the crashing thread's
+    Python stack to this process's output, on its own copy of fd 2: ipykernel later points fd
+    2 at a pipe that a thread of the process reads, which a crash ends."""
+    faulthandler.enable(os.fdopen(os.dup(2), "w"), all_threads=False)
