@@ -15,6 +15,7 @@ import threading
 import time
 import uuid
 
+import psutil
 import pytest
 import tornado.ioloop
 import zmq
@@ -258,6 +259,21 @@ def test_a_link_path_fits_a_unix_socket():
     os.rmdir(directory)
     path = os.path.join(directory, f"{uuid.uuid4()}{link_end.SUFFIX}")  # an engine's identity
     assert len(path) < 100  # sun_path holds 107 bytes
+
+
+def test_a_server_an_endpoint_refuses_listens_nowhere():
+    """One endpoint of several refused (a Unix path longer than a socket holds): the server is
+    not made, and the TCP port it had bound is let go, not left listening unserved."""
+    loop = loop_of_its_own("test-refused")
+    listening = {c.laddr.port for c in psutil.Process().net_connections("tcp")
+                 if c.status == psutil.CONN_LISTEN}
+    with pytest.raises(zmq.ZMQError):
+        made_on(loop, lambda: LinkServer(KEY, "hmac-sha256",
+                                         ["tcp://127.0.0.1:0", "ipc:///" + "x" * 200],
+                                         lambda content, reply: None, loop, 1))
+    assert {c.laddr.port for c in psutil.Process().net_connections("tcp")
+            if c.status == psutil.CONN_LISTEN} == listening
+    loop.add_callback(loop.stop)
 
 
 def test_a_reply_names_its_request_in_json_never_a_pickle(endpoints):

@@ -22,6 +22,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
+import zmq
+
 from ..link import LinkServer, loop_of_its_own, made_on
 from . import calls, ipykernel_internals, shards
 
@@ -54,16 +56,10 @@ def open_link(address: str, directory: str | None = None) -> dict[str, str] | No
 
         try:
             server = made_on(loop, lambda: made(wanted))
-        except OSError:  # zmq's errors are OSErrors: the Unix socket's path, say
+        except zmq.ZMQError:  # the Unix socket's: a path too long, say
             server = made_on(loop, lambda: made(wanted[:1]))
         _state.update(server=server, loop=loop)
     return dict(zip(("tcp", "ipc"), server.endpoints, strict=False))
-
-
-def tcp_endpoint() -> str | None:
-    """Where the other processes reach this engine's link; None before it is open."""
-    server = _state["server"]
-    return server.endpoint if server is not None else None
 
 
 def _answer(content: dict[str, Any], reply: Any) -> None:

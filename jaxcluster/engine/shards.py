@@ -66,8 +66,7 @@ def serve(endpoint: str, key: bytes, scheme: str, engine_id: int, process_index:
     served: tuple[str, int] | None = _state["address"]
     if served is not None:
         return served
-    host, port = endpoint.removeprefix("tcp://").rsplit(":", 1)
-    served = (host.strip("[]"), int(port))
+    served = _host_port(endpoint)
     _state.update(session=signing(key, scheme), address=served, machine=machine)
     kv_client.key_value_set(ADDRESS_KEY.format(process_index),
                             json.dumps({"endpoint": endpoint, "engine_id": engine_id,
@@ -187,7 +186,11 @@ def fetch(owner: int, key: str, boxes: list[tuple[int, Box, Box]], out: Any,
 
 
 def _address_of(owner: int) -> tuple[str, int]:
-    host, port = _published(owner)["endpoint"].removeprefix("tcp://").rsplit(":", 1)
+    return _host_port(_published(owner)["endpoint"])
+
+
+def _host_port(endpoint: str) -> tuple[str, int]:
+    host, port = endpoint.removeprefix("tcp://").rsplit(":", 1)
     return host.strip("[]"), int(port)
 
 

@@ -42,9 +42,13 @@ class LinkServer:
         self._socket: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.ROUTER)
         self._socket.setsockopt(zmq.LINGER, 0)
         self.endpoints: list[str] = []
-        for endpoint in [endpoints] if isinstance(endpoints, str) else endpoints:
-            self._socket.bind(endpoint)
-            self.endpoints.append(self._socket.getsockopt_string(zmq.LAST_ENDPOINT))
+        try:
+            for endpoint in [endpoints] if isinstance(endpoints, str) else endpoints:
+                self._socket.bind(endpoint)
+                self.endpoints.append(self._socket.getsockopt_string(zmq.LAST_ENDPOINT))
+        except zmq.ZMQError:  # an endpoint bound before the one refused would listen unserved
+            self._socket.close()
+            raise
         self.endpoint = self.endpoints[0]
         self._stream = ZMQStream(self._socket, loop)
         self._stream.on_recv(self._receive)
