@@ -1,9 +1,11 @@
 """Garbage fed to a cluster's listening sockets, as anyone on the machine or the path could:
 each end held by a silent connection, fed random bytes by another, and, where ZMQ listens
-(``endpoint``), random frames and a message with a forged signature."""
+(``endpoint``), random frames and a message with a forged signature, from a dealer and from
+a publisher (a socket that binds SUB, as ipyparallel's controller does, reads publishers only)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import time
@@ -11,11 +13,16 @@ from typing import Any
 
 import zmq
 
+DEALER_SECONDS = 3  # for a dealer's connection to be taken
+FORGED = [b"<IDS|MSG>", b"0" * 64, b"{}", b"{}", b"{}", b"{}"]  # a message, signed by no key
+
 
 def fed_garbage(ends: list[tuple[socket.AddressFamily, Any, str | None]]) -> list[Any]:
     """The sockets that fed ``ends`` (family, address, ZMQ endpoint or None), left open for the
     caller to close once it has seen what they did."""
     held: list[Any] = []
+    dealers: list[zmq.Socket] = []
+    publishers: list[zmq.Socket] = []
     for family, end, endpoint in ends:
         silent, garbage = socket.socket(family), socket.socket(family)
         silent.connect(end)
@@ -24,22 +31,32 @@ def fed_garbage(ends: list[tuple[socket.AddressFamily, Any, str | None]]) -> lis
         held += [silent, garbage]
         if endpoint is None:
             continue
-        frames = zmq.Context.instance().socket(zmq.DEALER)
-        frames.linger = 0
-        frames.connect(endpoint)
-        held.append(frames)
-        _send_once_connected(frames, [os.urandom(n) for n in (1, 64, 4096)])
-        _send_once_connected(frames, [b"<IDS|MSG>", b"0" * 64, b"{}", b"{}", b"{}", b"{}"])
-    return held
+        for kind, made in ((zmq.DEALER, dealers), (zmq.PUB, publishers)):
+            peer = zmq.Context.instance().socket(kind)
+            peer.linger = 0
+            peer.connect(endpoint)
+            made.append(peer)
+    _sent_once_connected(dealers, [[os.urandom(n) for n in (1, 64, 4096)], FORGED])
+    time.sleep(0.5)  # the subscriptions arrive: what the publishers send then is read
+    for publisher in publishers:
+        for frames in ([os.urandom(n) for n in (1, 64, 4096)], [b"x"], FORGED):
+            with contextlib.suppress(zmq.Again):
+                publisher.send_multipart(frames, zmq.NOBLOCK)
+    return held + dealers + publishers
 
 
-def _send_once_connected(sock: zmq.Socket, frames: list[bytes]) -> None:
-    """``frames`` sent as soon as ``sock`` has its peer (a DEALER has none while it connects)."""
-    deadline = time.monotonic() + 10
-    while True:
-        try:
-            sock.send_multipart(frames, zmq.NOBLOCK)
-            return
-        except zmq.Again:
-            assert time.monotonic() < deadline, "the peer never took the connection"
-            time.sleep(0.01)
+def _sent_once_connected(dealers: list[zmq.Socket], messages: list[list[bytes]]) -> None:
+    """``messages`` sent by each dealer as soon as it has its peer (none while it connects);
+    not at all where none comes: a publisher's or a subscriber's socket refuses a dealer."""
+    waiting = list(dealers)
+    deadline = time.monotonic() + DEALER_SECONDS
+    while waiting and time.monotonic() < deadline:
+        for dealer in list(waiting):
+            try:
+                dealer.send_multipart(messages[0], zmq.NOBLOCK)
+            except zmq.Again:
+                continue
+            for frames in messages[1:]:
+                dealer.send_multipart(frames)
+            waiting.remove(dealer)
+        time.sleep(0.01)

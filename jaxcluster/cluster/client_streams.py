@@ -47,12 +47,19 @@ def drop_unreadable(client: Any) -> None:
 
 
 def _dropping(handler: Callable[[Any], Any], stream: str) -> Callable[[Any], Any]:
+    dropped = 0
+
     def read(frames: Any) -> Any:
+        nonlocal dropped
         try:
             return handler(frames)
         except Exception as e:  # unreadable frames, or a message no handler knows
-            log.warning("the cluster's client dropped what it could not read on %s: %s",
-                        stream, str(e)[:200])
+            dropped += 1
+            # the first of each stream is said; a flood of them would bury the cell's output
+            log.log(logging.WARNING if dropped == 1 else logging.DEBUG,
+                    "the cluster's client dropped what it could not read on %s (%s: %s)%s",
+                    stream, type(e).__name__, str(e)[:200],
+                    "; any more it drops are logged at debug level" if dropped == 1 else "")
             return None
 
     return read
