@@ -363,3 +363,30 @@ def test_an_interrupt_cancels_a_cell_that_awaits_and_keeps_the_state(ip, cluster
     assert [p.pid for p in cluster.processes] == old
     text, _ = spmd(ip, "print(kept)")
     assert text.strip() == "\n".join(f"[process {i}]\n{i}" for i in range(4))
+
+
+@pytest.mark.parametrize("code, output", [
+    ("quiet = 1", False), ("print('said')", True), ("7", True),
+    ("from IPython.display import display\ndisplay('shown')", True), ("1 / 0", True),
+    ("import asyncio\nawait asyncio.sleep(0)", False),
+    ("import asyncio\nawait asyncio.sleep(0)\n7", True),
+])
+def test_a_cell_says_whether_it_published_and_only_one_that_did_ends_with_an_idle(
+        ip, cluster, code, output):
+    """Each engine's answer says whether the cell published anything (its idle status then ends
+    its messages; a quiet cell sends none, and the notebook waits for none); the notebook shows
+    every output all the same."""
+    from jaxcluster.cells.requests import _parent
+    from jaxcluster.engine import cells
+
+    header = cluster.client.session.msg_header("execute_request")
+    _, ended = cluster.client.create_message_futures(header["msg_id"], header, async_result=True)
+    parent = _parent(header, None, time.time_ns())
+    try:
+        answers, errors = cluster.calls.call([0], cells.run_cell, code, parent, timeout=30)
+        assert not errors
+        assert answers[0] == {"ok": code != "1 / 0", "output": output}
+        # the idle, through the controller, that ends the messages of one that published
+        assert ended.wait(10 if output else 1) == output
+    finally:
+        cluster.client.purge_local_results(jobs=[header["msg_id"]])

@@ -11,7 +11,8 @@ awaits at top level, which the engine runs here as a task on its event loop. The
 still goes out on iopub, under a header of the notebook's own ipyparallel session
 (``Client.create_message_futures``), so ipyparallel's client files it in ``Client.metadata``,
 relays widget comms, and hands each message to the live relay, as for its own requests; an
-``idle`` status ends each process's messages.
+``idle`` status ends each process's messages. A process whose cell published nothing says so
+in its answer and sends no idle: nothing is waited for.
 """
 
 from __future__ import annotations
@@ -104,9 +105,10 @@ class _Cell:
         answer = self.answers[index]
         if not answer.done():
             return
+        failed = answer.exception() is not None
         at = self.answered_at.get(index)  # absent until the answer's callback ran
         late = now is not None and at is not None and now - at >= OUTPUT_GRACE
-        if self.outputs[index].done() or answer.exception() is not None or late:
+        if failed or late or not answer.result()["output"] or self.outputs[index].done():
             with self._lock:
                 if not self.ended[index].done():
                     self.ended[index].set_result(None)
@@ -133,7 +135,7 @@ class _Cell:
     def _status(self, index: int) -> dict[str, Any]:
         answer = self.answers[index]
         failure = answer.exception()
-        if failure is None and answer.result():
+        if failure is None and answer.result()["ok"]:
             return {"status": "ok"}
         if failure is None:
             return {"status": "error"}  # the cell's error, as the engine published it

@@ -20,11 +20,21 @@ import sys
 import threading
 import time
 import warnings
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypedDict
 
 from . import ipykernel_internals, ipython_internals, sigint
 
 LABEL_PREFIX = "jaxcluster-cell:"
+
+
+class Ran(TypedDict):
+    """A cell's answer: ``ok``, it ran without error; ``output``, it published anything."""
+
+    ok: bool
+    output: bool
+
+
 _counts: dict[int, int] = {}  # the engine's execution count -> the notebook's
 # the cell (its request's msg_id) the main thread runs, and the last one interrupted
 _cells: dict[str, str | None] = {"running": None, "interrupted": None}
@@ -86,15 +96,17 @@ def _sent(shell: Any) -> dict[str, Any]:
     return metadata
 
 
-def run_cell(code: str, parent: dict[str, Any]) -> bool | asyncio.Future[bool]:
-    """Run ``code`` as the engine's next cell, as a kernel request would: True when it ran
-    without error. A cell that awaits at top level runs on the kernel's event loop instead, and
-    this returns the future of that answer.
+def run_cell(code: str, parent: dict[str, Any]) -> Ran | asyncio.Future[Ran]:
+    """Run ``code`` as the engine's next cell, as a kernel request would: whether it ran
+    without error (``ok``) and published anything (``output``). A cell that awaits at top level
+    runs on the kernel's event loop instead, and this returns the future of that answer.
 
     ``parent`` stands for the request the notebook never sent: its header (of the notebook's
     ipyparallel session) goes on every message the cell publishes, so ipyparallel's client files
     the output under it and relays widget comms as for its own requests; its ``label`` is the
-    notebook's cell number. An ``idle`` status ends the cell's messages, as after a request.
+    notebook's cell number. An ``idle`` status ends the cell's messages, as after a request;
+    a cell that published nothing sends none (the answer says so, and the notebook waits for
+    no messages: at many processes each idle cost the notebook, the controller and the engine).
     """
     from IPython import get_ipython
 
@@ -103,11 +115,11 @@ def run_cell(code: str, parent: dict[str, Any]) -> bool | asyncio.Future[bool]:
     shell = get_ipython()
     kernel = shell.kernel
     ipykernel_internals.adopt_request(kernel, parent)
+    ipykernel_internals.watch_published(kernel, parent["header"]["msg_id"])
     stdin.take_over(parent)
     if not _started(kernel, parent["header"]["msg_id"]):
         shell.showtraceback((KeyboardInterrupt, KeyboardInterrupt(), None), exception_only=True)
-        _publish_idle(kernel, parent)
-        return False
+        return {"ok": False, "output": _end_messages(kernel, parent)}
     label = str(parent.get("metadata", {}).get("label") or "")
     _last.clear()
     _last.update(cell=label[len(LABEL_PREFIX):] if label.startswith(LABEL_PREFIX) else "",
@@ -119,9 +131,10 @@ def run_cell(code: str, parent: dict[str, Any]) -> bool | asyncio.Future[bool]:
     if shell.should_run_async(code, transformed_cell=transformed, preprocessing_exc_tuple=failed):
         return _awaiting(shell, code, transformed, lambda: _end(kernel, parent))
     try:
-        return _said(shell, shell.run_cell(code, store_history=True, silent=False))
+        ok = _said(shell, shell.run_cell(code, store_history=True, silent=False))
     finally:
-        _end(kernel, parent)
+        output = _end(kernel, parent)
+    return {"ok": ok, "output": output}
 
 
 def last_cell() -> dict[str, Any]:
@@ -179,7 +192,8 @@ def _started(kernel: Any, msg_id: str) -> bool:
         return True
 
 
-def _awaiting(shell: Any, code: str, transformed: str, end: Any) -> asyncio.Future[bool]:
+def _awaiting(shell: Any, code: str, transformed: str,
+              end: Callable[[], bool]) -> asyncio.Future[Ran]:
     """The cell as a task on the running event loop. SIGINT cancels it, as in ipykernel: raised
     in the event loop, a KeyboardInterrupt would end the engine."""
     loop = asyncio.get_running_loop()
@@ -187,7 +201,7 @@ def _awaiting(shell: Any, code: str, transformed: str, end: Any) -> asyncio.Futu
         code, store_history=True, silent=False, transformed_cell=transformed))
     signal.signal(signal.SIGINT,
                   sigint.cancelling(lambda: loop.call_soon_threadsafe(task.cancel)))
-    answer: asyncio.Future[bool] = loop.create_future()
+    answer: asyncio.Future[Ran] = loop.create_future()
 
     def finish(_: object) -> None:
         result = None if task.cancelled() or task.exception() else task.result()
@@ -197,8 +211,8 @@ def _awaiting(shell: Any, code: str, transformed: str, end: Any) -> asyncio.Futu
             shell.events.trigger("post_execute")
             shell.events.trigger("post_run_cell", result)
         finally:
-            end()
-            answer.set_result(bool(result is not None and result.success))
+            answer.set_result({"ok": bool(result is not None and result.success),
+                               "output": end()})
 
     task.add_done_callback(finish)
     return answer
@@ -217,17 +231,23 @@ def _said(shell: Any, result: Any) -> bool:
     return bool(result.success)
 
 
-def _end(kernel: Any, parent: dict[str, Any]) -> None:
-    """The cell is done: SIGINT is ignored again, as between requests; its messages end."""
+def _end(kernel: Any, parent: dict[str, Any]) -> bool:
+    """The cell is done: SIGINT is ignored again, as between requests; its messages end.
+    Whether it published any."""
     with _cells_lock:
         sigint.cell_ended()
         ipykernel_internals.give_back_sigint(kernel)
         _cells["running"] = None
     _last["ended"] = time.time()
-    _publish_idle(kernel, parent)
+    return _end_messages(kernel, parent)
 
 
-def _publish_idle(kernel: Any, parent: dict[str, Any]) -> None:
-    sys.stdout.flush()
+def _end_messages(kernel: Any, parent: dict[str, Any]) -> bool:
+    """The cell's output flushed, and an idle status after it where there was any; whether
+    there was."""
+    sys.stdout.flush()  # waits until ipykernel's thread has sent what was written
     sys.stderr.flush()
+    if not ipykernel_internals.published_under(parent["header"]["msg_id"]):
+        return False
     ipykernel_internals.publish(kernel, "status", {"execution_state": "idle"}, parent)
+    return True
