@@ -2,12 +2,14 @@
 from a real ipykernel, while a cell runs: the notebook's (the kernel and what it started: the
 controller, the watchdog), each host's forking process's and each process's, TCP and Unix, read
 from /proc as each host's own network sees them (``tests/listeners.py``). Each is the link's,
-JAX's or ipyparallel's own (or the kernel's, Jupyter's), and each of the link's proves it:
-asked for another engine, it answers with its own, signed with the key it was asked under.
+JAX's or ipyparallel's own (or the kernel's, Jupyter's), or the notebook's file server (the
+link's bulk path, once a value was pushed to the other hosts), and each of the link's proves
+it: asked for another engine, it answers with its own, signed with the key it was asked under.
 Each of the link's refuses a message with a wrong key, an altered body and a replayed one.
 Random bytes, random ZMQ frames, a forged message and a silent connection held open on every
 one of them, ipyparallel's included, leave the running cell's output whole, every listener
-serving and the next cell working. JAX's coordinator (gRPC) is JAX's own limit, left unfed.
+serving, and the next cells' collective and read of another host's shards working. JAX's
+coordinator (gRPC) and gloo are JAX's own limits, left unfed.
 """
 
 from __future__ import annotations
@@ -34,17 +36,32 @@ from tests.garbage import fed_garbage
 from tests.listeners import Listener, listening
 from tests.netns_hosts import REPOSITORY, NamespaceHosts
 from tests.ports import free_port
-from tests.test_other_hosts import SETUP, run, value
+from tests.test_other_hosts import CELL_TIMEOUT, SETUP, run, value
 
 pytestmark = pytest.mark.cluster
 
-LINES = 40  # a cell printing a line every half second on every process: long enough to feed
+# the cell that runs meanwhile: every process prints a line a few times a second until the
+# test is done with the sockets (a file in the rig's folder, which every host sees), then how
+# many it printed; a bound on it, should the test never say
+PRINTING = """%%spmd
+import os, time
+for i in range(1200):
+    if os.path.exists({stop!r}):
+        break
+    print(f'{{jax.process_index()}}:{{i}}', flush=True)
+    time.sleep(0.25)
+print(f'done {{jax.process_index()}} {{i}}')"""
 NOT_ANSWERED_SECONDS = 1.0
 ANSWER_SECONDS = 10.0
 NO_ENGINE = -1  # the engine a probe asks for: a listener of the link answers with its own id
 COLLECTIVE = ("%%spmd\nfrom jax.experimental import multihost_utils\n"
               "print(float(multihost_utils.process_allgather(jnp.ones(1)).sum()), "
               "float(x.sum()))")
+# an array whose first shard process 0 holds, on the first host, and process 3 reads
+OWNED = ("%%spmd --setup\nimport numpy as np\nfrom jax.sharding import Mesh\n"
+         "owned = jax.make_array_from_callback((8,), NamedSharding(Mesh(np.array(jax.devices()), "
+         "'x'), P('x')), lambda index: np.arange(8.0)[index])")
+READ = "%%spmd --targets 3\nprint(float(owned[0]))"
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +86,12 @@ def kernel(hosts: NamespaceHosts):
             assert started.reply["status"] == "ok", started.text
             cluster_id = value(kc, "_magics().cluster.cluster_id")
             assert run(kc, f"%%spmd --setup\n{SETUP}").reply["status"] == "ok"
+            assert run(kc, OWNED).reply["status"] == "ok"
             assert run(kc, COLLECTIVE).text.strip() == "[processes 0-3]\n4.0 120.0"
+            assert run(kc, READ).text.strip() == "[process 3]\n0.0"  # from the other host
+            # the other hosts read a pushed value from the notebook's file server
+            assert run(kc, "pushed = list(range(1000))\n%spmd_push pushed").reply[
+                "status"] == "ok"
             yield kc, own
     finally:
         kill_leftovers(cluster_id)
@@ -87,6 +109,7 @@ def _cluster_facts(kc) -> dict:
                   for p in _magics().cluster.processes],
         "published": [[p.socket_path, p.secret, int(p.key, 16)]
                       for p in published._published.values()],
+        "file_server": list(_magics().cluster.file_server.address),
     }""")
 
 
@@ -216,9 +239,9 @@ def test_every_socket_is_the_links_jaxs_or_ipyparallels_and_garbage_harms_no_cel
     gloos = _plain_jax_listeners()
 
     cell: list = []
-    running = threading.Thread(target=lambda: cell.append(run(kc, (
-        f"%%spmd\nimport time\nfor i in range({LINES}):\n"
-        f"    print(f'{{jax.process_index()}}:{{i}}', flush=True)\n    time.sleep(0.5)"))))
+    stop = os.path.join(os.path.dirname(hosts.ssh_args[hosts.ssh_args.index("-i") + 1]),
+                        f"stop-{uuid.uuid4().hex}")
+    running = threading.Thread(target=lambda: cell.append(run(kc, PRINTING.format(stop=stop))))
     running.start()
     held: list = []
     try:
@@ -231,6 +254,10 @@ def test_every_socket_is_the_links_jaxs_or_ipyparallels_and_garbage_harms_no_cel
                     whose[listener] = "ipyparallel"
                 elif pid == facts["kernel"] and listener in kernels_own:
                     whose[listener] = "jupyter"
+                elif pid == facts["kernel"] and list(listener.address) == facts["file_server"]:
+                    # the link's bulk path: each transfer named in a signed message with its
+                    # length and digest, checked before anything is unpickled
+                    whose[listener] = "file server"
                 elif (pid in engines and engines[pid][0] == 0
                       and listener.address[1] == coordinator_port):
                     whose[listener] = "jax coordinator"
@@ -258,19 +285,28 @@ def test_every_socket_is_the_links_jaxs_or_ipyparallels_and_garbage_harms_no_cel
             list(each.map(_refuses_wrong_key_altered_and_replayed, said,
                           *zip(*said.values(), strict=True)))
 
-        fed = [end for end, who in whose.items() if who in ("link", "ipyparallel")]
-        held = fed_garbage([(*end.connect_to, end.endpoint) for end in fed])
+        fed = [(*end.connect_to, end.endpoint if who != "file server" else None)
+               for end, who in whose.items() if who in ("link", "ipyparallel", "file server")]
+        assert any(endpoint is None for *_, endpoint in fed)  # the file server: bytes only
+        held = fed_garbage(fed)
         assert running.is_alive(), "the cell ended before the garbage came"
-        running.join(120)
     finally:
+        with open(stop, "w"):
+            pass
+        running.join(CELL_TIMEOUT)
         for conn in held:
             conn.close()
     assert cell and cell[0].reply["status"] == "ok", cell and cell[0].text
-    missing = {f"{p}:{i}" for p in range(4) for i in range(LINES)} - set(cell[0].text.split())
+    printed = {int(p): int(n)
+               for p, n in re.findall(r"^done (\d+) (\d+)$", cell[0].text, re.MULTILINE)}
+    assert sorted(printed) == [0, 1, 2, 3], cell[0].text
+    lines = set(cell[0].text.split())
+    missing = [f"{p}:{i}" for p, n in printed.items() for i in range(n) if f"{p}:{i}" not in lines]
     assert not missing, cell[0].text
     # what the client dropped is said once for each of its streams, not once a message
     assert cell[0].text.count("dropped what it could not read") <= len(STREAMS), cell[0].text
     assert run(kc, COLLECTIVE).text.strip() == "[processes 0-3]\n4.0 120.0"
+    assert run(kc, READ).text.strip() == "[process 3]\n0.0"
     assert set(_engine_it_says(list(said), [key, *secrets])) == set(said)
 
 

@@ -8,21 +8,16 @@ its own network and so cannot reach a controller that listens on network 0. An e
 
 from __future__ import annotations
 
-import faulthandler
 import json
-import re
 import shlex
 import signal
 import socket
 import subprocess
 import sys
 import textwrap
-import threading
 import time
-from typing import Any
 
 import ipyparallel as ipp
-import numpy as np
 import psutil
 import pytest
 from IPython.utils.capture import capture_output
@@ -36,7 +31,6 @@ from tests.conftest import (
     shell_cluster,
     wait_until_gone,
 )
-from tests.garbage import fed_garbage
 from tests.netns_hosts import NamespaceHosts
 
 pytestmark = pytest.mark.cluster
@@ -121,7 +115,6 @@ def wait_until_hosts_are_empty(hosts: NamespaceHosts, timeout: float) -> dict[st
 def where_am_i() -> tuple[str, int]:
     """(host name, pid), as an engine sees them."""
     import os
-    import socket
 
     return socket.gethostname(), os.getpid()
 
@@ -319,109 +312,3 @@ def test_remote_engines_end_when_the_starting_process_is_killed(hosts, tmp_path)
         if proc.poll() is None:
             proc.kill()
         proc.wait()
-
-
-def _listening(in_namespace_of: int | None = None) -> list[tuple[str, set[int]]]:
-    """(address, pids) of every socket that listens (TCP, UDP, Unix) in the network namespace
-    of process ``in_namespace_of`` (None: the notebook's), as ``ss`` lists them."""
-    command = ["ss", "-H", "-l", "-ntuxp"]
-    if in_namespace_of is not None:
-        command = ["nsenter", "-t", str(in_namespace_of), "-n", *command]
-    found = []
-    for line in subprocess.run(command, capture_output=True, text=True,
-                               check=True).stdout.splitlines():
-        address = line.split()[4].replace("[::ffff:", "").replace("]", "")
-        found.append((address, {int(pid) for pid in re.findall(r"pid=(\d+)", line)}))
-    return found
-
-
-def _controller_ports(cluster) -> set[int]:
-    ports = set()
-    for side in ("engine", "client"):
-        with open(cluster.ipp_cluster.controller.connection_files[side]) as f:
-            for name, value in json.load(f).items():
-                for port in value if isinstance(value, list) else [value]:
-                    if name not in ("key", "pack", "unpack") and isinstance(port, int):
-                        ports.add(port)
-    return ports
-
-
-def test_every_socket_listening_is_the_links_jaxs_or_ipyparallels_and_garbage_harms_none(
-        cluster, hosts):
-    """While cells run on 2 hosts × 2, after a collective, a global read and a push to the
-    other hosts: on each host the engines listen on their shard servers (the link's), process
-    0 on JAX's coordinator, and each on one or two more of JAX's own (gloo; its transfer
-    server once used); the forking processes nowhere. The notebook's process listens on its
-    live feed (the link's) and its file server (the bulk path, each transfer named in a signed
-    message with its digest); the controller (ipyparallel's) on its connection files' ports
-    and its schedulers' channels. Random bytes, ZMQ frames that are no message and a silent
-    connection at every one of ours leave the running cell's output whole and the next cell
-    reading another host's shards."""
-    servers = cluster.run(
-        "import jax, jax.numpy as jnp, numpy as np\n"
-        "from jax.experimental import multihost_utils\n"
-        "from jax.sharding import Mesh, NamedSharding, PartitionSpec as P\n"
-        "from jaxcluster.engine import shards\n"
-        "multihost_utils.process_allgather(jnp.ones(1))\n"
-        "x = jax.make_array_from_callback((8,), NamedSharding(Mesh(np.array(jax.devices()), "
-        "'x'), P('x')), lambda index: np.arange(8.0)[index])\n"
-        "if jax.process_index() == 3:\n    print(float(x[0]))\n"
-        "print(*shards._state['address'], end='')").check()
-    assert servers.processes[3].stdout.startswith("0.0\n")  # a read from another host
-    cluster.push("pushed", np.arange(1000.0))  # the other hosts read it from the file server
-    links = {p.stdout.splitlines()[-1].replace(" ", ":") for p in servers.processes}
-    coordinator = cluster.coordinator.replace("[", "").replace("]", "")
-    engines = dict(zip(root_pids(hosts, engines_of(cluster)), cluster.processes, strict=True))
-    jaxs: dict[int, list[str]] = {index: [] for index in range(4)}
-    for host in hosts.networks[0].namespaces:
-        sshd = hosts.init_pids[host]
-        for address, pids in _listening(sshd):
-            if pids == {sshd}:
-                continue  # the rig's own sshd: the machine's, not the cluster's
-            (pid,) = pids
-            assert pid in engines, (host, address, pids)  # not the forking process
-            if address in links:
-                links.remove(address)
-            elif address != coordinator or engines[pid].process_index != 0:
-                jaxs[engines[pid].process_index].append(address)
-    assert links == set()  # every shard server listens where it says
-    assert all(1 <= len(found) <= 2 for found in jaxs.values()), jaxs
-    here = psutil.Process()
-    ours = [here, *here.children(recursive=True)]
-    controller = {p.pid for p in ours if "jaxcluster.cluster.controller" in " ".join(p.cmdline())}
-    feed, file_server = cluster._live.socket_path, "{}:{}".format(*cluster.file_server.address)
-    mine, controllers = [], []
-    for address, pids in _listening():
-        if pids & controller:  # the connection files' ports, and its schedulers' own channels
-            controllers.append(address)
-        elif pids & {p.pid for p in ours}:
-            mine.append(address)
-    assert sorted(mine) == sorted([feed, file_server])
-    assert {int(address.rsplit(":", 1)[1]) for address in controllers} >= _controller_ports(
-        cluster)
-
-    ends: list[tuple[socket.AddressFamily, Any, str | None]] = [
-        (socket.AF_UNIX, feed, f"ipc://{feed}")]
-    host, port = file_server.rsplit(":", 1)
-    ends.append((socket.AF_INET, (host, int(port)), None))  # no ZMQ there: bytes only
-    # not the controller's: on these hosts, garbage there lost one process's cell in about
-    # one run of six (its engine never had it; ipyparallel's channels, which CurveZMQ would
-    # guard); test_security holds its connection files' ports to it on one host
-    for address in [s.stdout.splitlines()[-1].replace(" ", ":") for s in servers.processes]:
-        host, port = address.rsplit(":", 1)
-        ends.append((socket.AF_INET, (host, int(port)), f"tcp://{address}"))
-    cell = threading.Thread(target=lambda: done.append(cluster.run(
-        "import time\nfor i in range(6):\n    print(i, flush=True)\n    time.sleep(0.3)")))
-    done: list = []
-    cell.start()
-    held = fed_garbage(ends)
-    try:
-        cell.join(60)
-        if cell.is_alive():
-            faulthandler.dump_traceback(sys.stderr)
-        assert [p.stdout for p in done[0].processes] == ["0\n1\n2\n3\n4\n5\n"] * 4
-        read = cluster.run("if jax.process_index() == 3:\n    print(float(x[0]))").check()
-        assert read.processes[3].stdout == "0.0\n"
-    finally:
-        for conn in held:
-            conn.close()
