@@ -4,7 +4,8 @@ machines (``tests/netns_hosts.py``), against ``%%px --block`` on the same engine
 
 Per size: the wall time of each (median of alternating pairs), and what each costs this
 machine's processes in CPU per cell: the notebook's own (every thread of it: ipyparallel's
-client, the link's), and the hosts' (their engines, under each host's sshd). Every host here
+client, the link's), the controller's (with its schedulers), and the hosts' (their engines,
+under each host's sshd). Every host here
 shares this machine's cores, so the hosts' CPU ÷ cores bounds the wall time from below where
 real hosts would each bring their own: the notebook's CPU is the part that grows with hosts
 on any machine.
@@ -51,10 +52,10 @@ def rows(hosts: NamespaceHosts, settings: Settings, table: Table) -> None:
                       ratio(median(ours), median(px)))
             sshds = [hosts.init_pids[h] for h in names]
             for magic, line in (("spmd", ""), ("px", "--block")):
-                notebook, on_hosts = _cpu_per_cell(session, magic, line, sshds)
-                table.add(f"CPU per %%{magic} cell, {label}: the notebook's; the hosts' "
-                          f"(on this machine's {os.cpu_count()} cores)",
-                          seconds(notebook), seconds(on_hosts))
+                notebook, controller, on_hosts = _cpu_per_cell(session, magic, line, sshds)
+                table.add(f"CPU per %%{magic} cell, {label}: the notebook's; the controller's "
+                          f"(ours column); the hosts' (on this machine's {os.cpu_count()} cores)",
+                          f"{seconds(notebook)}; {seconds(controller)}", seconds(on_hosts))
     at_32, at_16 = walls[(32, 1)], walls[(16, 1)]
     table.add("trivial `%%spmd` cell on 32 hosts × 1", seconds(at_32),
               target=f"≤ {seconds(AT_32_TARGET)}", passed=at_32 <= AT_32_TARGET)
@@ -67,20 +68,28 @@ def rows(hosts: NamespaceHosts, settings: Settings, table: Table) -> None:
         f"Host scale: every host is a namespace of this machine, so the hosts' engines share "
         f"its {os.cpu_count()} cores; the hosts' CPU per cell ÷ cores is a floor under the wall "
         f"time that real hosts would not share. CPU: {CPU_CELLS} cells of each magic after the "
-        "pairs, the notebook's process (all its threads) and every process under the hosts' "
-        "sshd.")
+        "pairs, the notebook's process (all its threads), the controller's with its "
+        "schedulers, and every process under the hosts' sshd.")
 
 
 def _cpu_per_cell(session: Session, magic: str, line: str,
-                  sshds: list[int]) -> tuple[float, float]:
-    """Seconds of CPU the notebook, and the hosts' processes, spend per cell of ``magic``."""
-    notebook = psutil.Process()
-    hosts = [p for pid in sshds for p in psutil.Process(pid).children(recursive=True)]
-    before = _cpu([notebook]), _cpu(hosts)
+                  sshds: list[int]) -> tuple[float, float, float]:
+    """Seconds of CPU the notebook, the controller (with its schedulers) and the hosts'
+    processes spend per cell of ``magic``."""
+    controller = session.cluster.ipp_cluster.controller.process.pid
+    groups = [[psutil.Process()], _with_children(controller),
+              [p for pid in sshds for p in psutil.Process(pid).children(recursive=True)]]
+    before = [_cpu(group) for group in groups]
     for _ in range(CPU_CELLS):
         session.time_cell(magic, line, TRIVIAL)
-    return ((_cpu([notebook]) - before[0]) / CPU_CELLS,
-            (_cpu(hosts) - before[1]) / CPU_CELLS)
+    notebook, controller, hosts = ((_cpu(group) - then) / CPU_CELLS
+                                   for group, then in zip(groups, before, strict=True))
+    return notebook, controller, hosts
+
+
+def _with_children(pid: int) -> list[psutil.Process]:
+    process = psutil.Process(pid)
+    return [process, *process.children(recursive=True)]
 
 
 def _cpu(processes: list[psutil.Process]) -> float:
