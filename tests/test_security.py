@@ -259,8 +259,13 @@ def test_open_mpis_own_daemon_listens_on_every_interface(mpi_cluster):
 
 
 def _ask(sock: zmq.Socket, sender: Session, reader: Session, msg_type: str, content: dict):
-    """Send one request signed by ``sender``; the controller's reply as ``reader`` reads it."""
-    sender.send(sock, msg_type, content=content)
+    """Send one request signed by ``sender``; the controller's reply as ``reader`` reads it
+    (None: none came, or the request could not even be sent: no connection was made)."""
+    sock.sndtimeo = 10_000  # a dealer blocks on a send while it has no connection
+    try:
+        sender.send(sock, msg_type, content=content)
+    except zmq.Again:
+        return None
     if not sock.poll(3000):
         return None
     _, frames = reader.feed_identities(sock.recv_multipart())
@@ -277,6 +282,7 @@ def test_a_message_signed_with_a_wrong_key_is_refused(cluster):
     engines = set(cluster.client.ids)
     with zmq.Context() as context, context.socket(zmq.DEALER) as sock:
         sock.linger = 0
+        _speaks_curve(sock, info)
         sock.connect(f"{info['interface']}:{info['registration']}")
 
         # an engine that would join the cluster, and a query: no answer
@@ -293,6 +299,36 @@ def test_a_message_signed_with_a_wrong_key_is_refused(cluster):
     time.sleep(0.5)  # five heartbeats: a registration would show up at the next
     assert set(cluster.client.ids) == engines
     assert cluster.view.apply_sync(os.getpid) == [p.pid for p in cluster.processes]
+
+
+def _speaks_curve(sock: zmq.Socket, info: dict) -> None:
+    """``sock`` a CurveZMQ client of the controller's: its public key as the connection file
+    names it, a key pair of its own (as ipyparallel's clients and engines draw one)."""
+    public, secret = zmq.curve_keypair()
+    sock.curve_serverkey = info["curve_serverkey"].encode()
+    sock.curve_publickey, sock.curve_secretkey = public, secret
+
+
+def test_the_controller_speaks_only_curvezmq_so_a_peer_without_its_key_reaches_nothing(cluster):
+    """Every port of the controller's is a CurveZMQ server (its public key in the connection
+    files, which only their owner reads): a peer that does not know it never completes ZMQ's
+    handshake, so not even a message signed with the cluster's key reaches ipyparallel, and
+    what passes between the hosts is encrypted. The same query from a peer that knows it is
+    answered."""
+    with open(cluster.ipp_cluster.controller.connection_files["client"]) as f:
+        info = json.load(f)
+    assert info["curve_serverkey"]
+    signed = Session(key=info["key"].encode(), signature_scheme=info["signature_scheme"],
+                     packer=info["pack"], unpacker=info["unpack"])
+    for curve in (False, True):
+        with zmq.Context() as context, context.socket(zmq.DEALER) as sock:
+            sock.linger = 0
+            if curve:
+                _speaks_curve(sock, info)
+            sock.connect(f"{info['interface']}:{info['registration']}")
+            reply = _ask(sock, signed, signed, "queue_request", {"targets": None})
+            assert (reply is not None) == curve, reply
+    assert reply["content"]["status"] == "ok"
 
 
 def test_a_coordinator_named_by_hand_listens_on_every_interface():

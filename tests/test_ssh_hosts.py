@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import shlex
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -115,6 +114,7 @@ def wait_until_hosts_are_empty(hosts: NamespaceHosts, timeout: float) -> dict[st
 def where_am_i() -> tuple[str, int]:
     """(host name, pid), as an engine sees them."""
     import os
+    import socket
 
     return socket.gethostname(), os.getpid()
 

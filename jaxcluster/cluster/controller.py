@@ -48,7 +48,21 @@ def main() -> None:
 
     gc.freeze()
     gc.enable()
-    controller_main()
+    controller_main(config=_curve_and_key())
+
+
+def _curve_and_key() -> Any:
+    """CurveZMQ on every port of the controller's, and the key every message is signed with
+    (ipyparallel would drop its signing for CurveZMQ's; the link signs with it), drawn here:
+    on a command line another local user would read it."""
+    import secrets
+
+    from traitlets.config import Config
+
+    config = Config()
+    config.IPController.enable_curve = True
+    config.Session.key = secrets.token_hex(16).encode()
+    return config
 
 
 def _exit_if_the_heart_monitor_failed(*_: object) -> None:
