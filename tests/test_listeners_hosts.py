@@ -18,7 +18,6 @@ import concurrent.futures
 import json
 import os
 import re
-import shlex
 import subprocess
 import sys
 import threading
@@ -31,12 +30,12 @@ import zmq
 
 from jaxcluster.cluster.client_streams import STREAMS
 from jaxcluster.link import REQUEST, signing
-from tests.conftest import hosts_or_skip, kill_leftovers, python_kernel
+from tests.conftest import hosts_or_skip
 from tests.garbage import fed_garbage
 from tests.listeners import Listener, listening
 from tests.netns_hosts import REPOSITORY, NamespaceHosts
 from tests.ports import free_port
-from tests.test_other_hosts import CELL_TIMEOUT, SETUP, run, value
+from tests.test_other_hosts import CELL_TIMEOUT, kernel_with_cluster, run, value
 
 pytestmark = pytest.mark.cluster
 
@@ -72,29 +71,17 @@ def hosts():
 
 @pytest.fixture(scope="module")
 def kernel(hosts: NamespaceHosts):
-    addresses = ",".join(hosts.address(h) for h in hosts.networks[0].namespaces)
-    args = shlex.quote(shlex.join(hosts.ssh_args))
-    cluster_id = None
-    try:
-        with python_kernel() as (_, kc):
-            # what ipykernel listens on by itself: its channels, its subprocesses' output pipe
-            own = listening(int(run(kc, "import os\nprint(os.getpid())").text))
-            run(kc, "import json\n%load_ext jaxcluster\nfrom jaxcluster.cluster import published")
-            started = run(kc, f"%jax_cluster start --launcher ssh --hosts {addresses} "
-                              f"--engines-per-host 2 --devices-per-node 2 --platform cpu "
-                              f"--timeout 120 --launcher-args {args}")
-            assert started.reply["status"] == "ok", started.text
-            cluster_id = value(kc, "_magics().cluster.cluster_id")
-            assert run(kc, f"%%spmd --setup\n{SETUP}").reply["status"] == "ok"
-            assert run(kc, OWNED).reply["status"] == "ok"
-            assert run(kc, COLLECTIVE).text.strip() == "[processes 0-3]\n4.0 120.0"
-            assert run(kc, READ).text.strip() == "[process 3]\n0.0"  # from the other host
-            # the other hosts read a pushed value from the notebook's file server
-            assert run(kc, "pushed = list(range(1000))\n%spmd_push pushed").reply[
-                "status"] == "ok"
-            yield kc, own
-    finally:
-        kill_leftovers(cluster_id)
+    # what ipykernel listens on by itself: its channels, its subprocesses' output pipe
+    with kernel_with_cluster(hosts, lambda kc: listening(
+            int(run(kc, "import os\nprint(os.getpid())").text))) as (_, kc, own):
+        run(kc, "from jaxcluster.cluster import published")
+        assert run(kc, OWNED).reply["status"] == "ok"
+        assert run(kc, COLLECTIVE).text.strip() == "[processes 0-3]\n4.0 120.0"
+        assert run(kc, READ).text.strip() == "[process 3]\n0.0"  # from the other host
+        # the other hosts read a pushed value from the notebook's file server
+        assert run(kc, "pushed = list(range(1000))\n%spmd_push pushed").reply[
+            "status"] == "ok"
+        yield kc, own
 
 
 def _cluster_facts(kc) -> dict:

@@ -18,8 +18,10 @@ import shlex
 import signal
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -104,21 +106,37 @@ def hosts():
 
 @pytest.fixture(scope="module")
 def kernel(hosts: NamespaceHosts):
-    addresses = ",".join(hosts.address(h) for h in hosts.networks[0].namespaces)
-    args = shlex.quote(shlex.join(hosts.ssh_args))
-    cluster_id = None
+    with kernel_with_cluster(hosts) as (km, kc, _):
+        yield km, kc
+
+
+@contextlib.contextmanager
+def kernel_with_cluster(hosts: NamespaceHosts, before: Any = lambda kc: None) -> Iterator:
+    """A real ipykernel (its manager and client) in which jaxcluster started 2 processes × 2
+    CPU devices over ssh on each host of ``hosts``' first network and ran ``SETUP``, and what
+    ``before(client)`` gave before the extension was loaded; what runs of the cluster at the
+    end is killed, whatever happened."""
+    started: list[str] = []
     try:
         with python_kernel() as (km, kc):
-            run(kc, "import json\n%load_ext jaxcluster")
-            started = run(kc, f"%jax_cluster start --launcher ssh --hosts {addresses} "
-                              f"--engines-per-host 2 --devices-per-node 2 --platform cpu "
-                              f"--timeout 120 --launcher-args {args}")
-            assert started.reply["status"] == "ok", started.text
-            cluster_id = value(kc, "_magics().cluster.cluster_id")
-            assert run(kc, f"%%spmd --setup\n{SETUP}").reply["status"] == "ok"
-            yield km, kc
+            first = before(kc)
+            started.append(_start_on_hosts(kc, hosts))
+            yield km, kc, first
     finally:
-        kill_leftovers(cluster_id)
+        kill_leftovers(started[0] if started else None)
+
+
+def _start_on_hosts(kc, hosts: NamespaceHosts) -> str:
+    addresses = ",".join(hosts.address(h) for h in hosts.networks[0].namespaces)
+    args = shlex.quote(shlex.join(hosts.ssh_args))
+    run(kc, "import json\n%load_ext jaxcluster")
+    started = run(kc, f"%jax_cluster start --launcher ssh --hosts {addresses} "
+                      f"--engines-per-host 2 --devices-per-node 2 --platform cpu "
+                      f"--timeout 120 --launcher-args {args}")
+    assert started.reply["status"] == "ok", started.text
+    cluster_id = value(kc, "_magics().cluster.cluster_id")
+    assert run(kc, f"%%spmd --setup\n{SETUP}").reply["status"] == "ok"
+    return cluster_id
 
 
 def engines(kc) -> list[list]:
