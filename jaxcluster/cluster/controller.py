@@ -2,8 +2,10 @@
 controller, its imports made without garbage collection (as the forking process makes its own,
 ``engine/forking.py``: each pass would scan every object imported so far again, about 15% of
 their CPU) and frozen afterwards, so that the controller's collections leave them alone; without
-numpy, and with the installed entry points read once (``engine/imports.py``). On SIGUSR1 it
-writes every thread's stack to its output (``bringup.py`` asks one that does not answer).
+numpy, and with the installed entry points read once (``engine/imports.py``). Every port it
+serves speaks CurveZMQ, and the key its messages are signed with is drawn in this process
+(``_curve_and_key``). On SIGUSR1 it writes every thread's stack to its output (``bringup.py``
+asks one that does not answer).
 
 ipyparallel draws the controller's ports by binding and letting go of them, so another process
 may take one before the part that serves it binds it: the heart monitor (this process's child,
