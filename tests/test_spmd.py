@@ -265,10 +265,14 @@ def test_a_cell_here_reaches_every_process_over_the_link_not_ipyparallel(ip, clu
     assert len(cluster.client.metadata) == filed_before  # the client forgot each cell's records
 
 
-def test_a_cell_never_runs_on_another_process_whose_link_a_path_leads_to(ip, cluster):
+def test_a_cell_never_runs_on_another_process_whose_link_a_path_leads_to(ip, cluster,
+                                                                          monkeypatch):
     """Process 1's link path leads to process 2's engine (as when two hosts' engines share a
     folder and a pid): that engine refuses the hello for process 1's, so process 1 is sent the
     cell through ipyparallel, and every process runs its own cell, once."""
+    # a cell's end asks the processes' memory when it is due (process 1's, too, through
+    # ipyparallel): never here, so that ipyparallel's history holds the cell's request alone
+    monkeypatch.setattr("jaxcluster.cluster.health_feed.MEMORY_EVERY", float("inf"))
     paths = {p.process_index: cluster.calls.link.endpoint(p.process_index).removeprefix("ipc://")
              for p in cluster.processes}
     os.rename(paths[1], paths[1] + ".moved")
