@@ -380,12 +380,12 @@ def test_a_cell_says_whether_it_published_and_only_one_that_did_ends_with_an_idl
     """Each engine's answer says whether the cell published anything (its idle status then ends
     its messages; a quiet cell sends none, and the notebook waits for none); the notebook shows
     every output all the same."""
-    from jaxcluster.cells.requests import _parent
+    from jaxcluster.cells.requests import stand_in
     from jaxcluster.engine import cells
 
     header = cluster.client.session.msg_header("execute_request")
     _, ended = cluster.client.create_message_futures(header["msg_id"], header, async_result=True)
-    parent = _parent(header, None, time.time_ns())
+    parent = stand_in(header, None, time.time_ns())
     try:
         answers, errors = cluster.calls.call([0], cells.run_cell, code, parent, timeout=30)
         assert not errors
@@ -394,3 +394,19 @@ def test_a_cell_says_whether_it_published_and_only_one_that_did_ends_with_an_idl
         assert ended.wait(10 if output else 1) == output
     finally:
         cluster.client.purge_local_results(jobs=[header["msg_id"]])
+
+
+def test_a_new_clients_output_path_is_proven_before_its_first_cell(cluster):
+    """A client made now (as an attach to a kept cluster makes one) has not subscribed to the
+    controller's iopub yet, and a cell sent at once lost its whole output; a process publishes
+    under a request of the new client's until the client has it."""
+    import ipyparallel as ipp
+
+    from jaxcluster.cells.output_path import wait_until_output_flows
+
+    client = ipp.Client(cluster.ipp_cluster.controller.connection_files["client"])
+    try:
+        assert wait_until_output_flows(client, cluster.calls, 1)
+        assert not client.metadata  # the proof's request forgotten
+    finally:
+        client.close()

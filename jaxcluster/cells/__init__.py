@@ -6,7 +6,8 @@ processes by index: the link or ipyparallel), ``interrupts`` (the stop button, n
 while a cell runs), ``health_reports`` (what the health feed is told: ``ask_memory``),
 ``handle`` (what cells and data need of a cluster), ``carry`` (each process's state across a
 restart), ``profile`` (one profile of every process, merged on one clock) and
-``profile_viewer`` (xprof, serving the profiles)."""
+``profile_viewer`` (xprof, serving the profiles) and ``output_path`` (a new client's iopub
+proven before its first cell)."""
 
-__all__ = ["calls", "carry", "handle", "health_reports", "interrupts", "live", "process_calls",
-           "profile", "profile_viewer", "recovery", "spmd"]
+__all__ = ["calls", "carry", "handle", "health_reports", "interrupts", "live", "output_path",
+           "process_calls", "profile", "profile_viewer", "recovery", "spmd"]

@@ -74,14 +74,14 @@ class _Cell:
         self.dead_processes = cluster.dead_processes
         self.outputs: dict[int, Any] = {}  # ipyparallel's output future of each one's header
         parents = {}
-        order = time.time_ns() // 1000  # one for every process of this cell (``_parent``)
+        order = time.time_ns() // 1000  # one for every process of this cell (``stand_in``)
         for index in targets:
             header = self.client.session.msg_header("execute_request")
             future, output = self.client.create_message_futures(
                 header["msg_id"], header, async_result=True, label=label)
             future.iopub_callbacks.append(_passer(relay, index))
             self.outputs[index] = output
-            parents[index] = _parent(header, label, order)
+            parents[index] = stand_in(header, label, order)
         self.msg_ids = {index: output.msg_id for index, output in self.outputs.items()}
         self.sent = self.calls.start({p: (cells.run_cell, (code, parent))
                                       for p, parent in parents.items()})
@@ -173,7 +173,7 @@ class _Cell:
         self.client.purge_local_results(jobs=list(self.msg_ids.values()))
 
 
-def _parent(header: dict[str, Any], label: str | None, order: int) -> dict[str, Any]:
+def stand_in(header: dict[str, Any], label: str | None, order: int) -> dict[str, Any]:
     """The request an engine's cell stands in for, as JSON. ``order``: the time it was sent,
     in microseconds, the same for every process it goes to and later than any cell before it,
     whichever notebook sent that one; the engines number the cell's global arrays by it

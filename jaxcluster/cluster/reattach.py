@@ -1,6 +1,7 @@
 """A kept cluster's running state, told to its keeper by the kernel that drives it, and taken
-back by the next kernel that attaches: nothing is asked of the processes, so that an attach
-costs a connection to the controller and no round trip to every engine."""
+back by the next kernel that attaches: nothing is asked of the processes but one status on
+iopub (``cells.output_path``), so that an attach costs a connection to the controller and no
+round trip to every engine."""
 
 from __future__ import annotations
 

@@ -19,6 +19,7 @@ import ipyparallel as ipp
 
 from ..cells.carry import Carried, take
 from ..cells.health_reports import ask_memory
+from ..cells.output_path import wait_until_output_flows
 from ..cells.process_calls import ProcessCalls
 from ..contracts import ProcessInfo, ProcessStatus, Progress
 from ..link import Link
@@ -86,6 +87,8 @@ class RunningCluster:
         self.view.block = False
         self.feed.reset(p.process_index for p in job.processes)
         self._poller = Poller(self.feed, self._look)
+        if job.processes:  # before its first cell, whose output would otherwise be lost
+            wait_until_output_flows(self.client, self.calls, job.processes[0].process_index)
 
     def drop_processes(self) -> None:
         """Before the engines are replaced: nothing polls them, the feed shows none."""

@@ -80,6 +80,7 @@ def memory() -> dict[str, Any]:
 
 CONTROL: dict[str, Callable[..., Any]] = {
     f.__name__: f for f in (where, memory, dispatch.counts, cells.interrupt, cells.last_cell,
+                            cells.announce,
                             stdin.answer, state.keep, state.discard, profile.clock,
                             profile.start_trace, profile.stop_trace)}
 MAIN: dict[str, Callable[..., Any]] = {

@@ -137,6 +137,13 @@ def run_cell(code: str, parent: dict[str, Any]) -> Ran | asyncio.Future[Ran]:
     return {"ok": ok, "output": output}
 
 
+def announce(parent: dict[str, Any]) -> None:
+    """An idle status on iopub under ``parent`` (a request of a notebook's client that has not
+    seen its output path work yet: ``cells/output_path.py``), from the link's thread."""
+    ipykernel_internals.publish(ipykernel_internals.kernel(), "status",
+                                {"execution_state": "idle"}, parent)
+
+
 def last_cell() -> dict[str, Any]:
     """The latest cell the notebook sent (asked by a kernel that attaches to a kept cluster:
     the one that sent it may be gone): its cell number, ``began`` and ``ended`` (None while it
