@@ -5,7 +5,7 @@ offers ``spmd`` (``run``, ``SPMDResult``), ``calls`` (a function run as a cell),
 processes by index: the link or ipyparallel), ``interrupts`` (the stop button, noted
 while a cell runs), ``health_reports`` (what the health feed is told: ``ask_memory``),
 ``handle`` (what cells and data need of a cluster), ``carry`` (each process's state across a
-restart), ``profile`` (one profile of every process, merged on one clock) and
+restart), ``profile`` (one profile of every process, merged on one clock),
 ``profile_viewer`` (xprof, serving the profiles) and ``output_path`` (a new client's iopub
 proven before its first cell)."""
 
