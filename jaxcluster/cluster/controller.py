@@ -73,8 +73,8 @@ def _exit_if_the_heart_monitor_failed(*_: object) -> None:
     ended = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
     if ended is None or ended.si_code != os.CLD_EXITED or ended.si_status == 0:
         return
-    print(f"The controller's heart monitor (pid {ended.si_pid}) exited with status "
-          f"{ended.si_status}: the controller exits too.", file=sys.stderr, flush=True)
+    _say(f"The controller's heart monitor (pid {ended.si_pid}) exited with status "
+         f"{ended.si_status}: the controller exits too.")
     os._exit(PART_FAILED)
 
 
@@ -85,10 +85,17 @@ def _exit_if_a_port_was_taken(args: threading.ExceptHookArgs) -> None:
     if getattr(args.exc_value, "errno", None) != errno.EADDRINUSE:
         return
     name = args.thread.name if args.thread is not None else "?"
-    print(f"The controller's thread {name!r} could not bind its port: the controller exits "
-          "too.", file=sys.stderr, flush=True)
+    _say(f"The controller's thread {name!r} could not bind its port: the controller exits "
+         "too.")
     _end_the_children()
     os._exit(PART_FAILED)
+
+
+def _say(line: str) -> None:
+    """``line`` on stderr in one write, so that the hub's logging, on another thread, cannot
+    land inside it (``print`` writes the text and its newline apart)."""
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
 
 
 def _end_the_children() -> None:
