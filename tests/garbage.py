@@ -47,7 +47,8 @@ def fed_garbage(ends: list[tuple[socket.AddressFamily, Any, str | None]]) -> lis
 
 def _sent_once_connected(dealers: list[zmq.Socket], messages: list[list[bytes]]) -> None:
     """``messages`` sent by each dealer as soon as it has its peer (none while it connects);
-    not at all where none comes: a publisher's or a subscriber's socket refuses a dealer."""
+    not at all where none comes or it went: a publisher's or a subscriber's socket refuses a
+    dealer, and a CurveZMQ server drops one that does not speak it (a send never waits)."""
     waiting = list(dealers)
     deadline = time.monotonic() + DEALER_SECONDS
     while waiting and time.monotonic() < deadline:
@@ -57,6 +58,7 @@ def _sent_once_connected(dealers: list[zmq.Socket], messages: list[list[bytes]])
             except zmq.Again:
                 continue
             for frames in messages[1:]:
-                dealer.send_multipart(frames)
+                with contextlib.suppress(zmq.Again):
+                    dealer.send_multipart(frames, zmq.NOBLOCK)
             waiting.remove(dealer)
         time.sleep(0.01)

@@ -116,6 +116,7 @@ def _answer_of(sock: zmq.Socket, key: bytes, seconds: float) -> dict | None:
 def _dealer(endpoint: str) -> zmq.Socket:
     sock = zmq.Context.instance().socket(zmq.DEALER)
     sock.linger = 0
+    sock.sndtimeo = 10_000  # a dealer whose peer went would wait on a send for ever
     sock.connect(endpoint)
     return sock
 
