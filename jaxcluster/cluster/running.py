@@ -57,6 +57,7 @@ class RunningCluster:
     job: distributed.JaxProcesses | None = None  # as taken: a kept cluster's keeper keeps it
     _file_server: Any = None  # data.FileServer, made on first use
     _poller: Poller | None = None
+    _output_proven: ipp.Client | None = None  # the client whose iopub a process reached
 
     @property
     def file_server(self) -> Any:
@@ -87,8 +88,11 @@ class RunningCluster:
         self.view.block = False
         self.feed.reset(p.process_index for p in job.processes)
         self._poller = Poller(self.feed, self._look)
-        if job.processes:  # before its first cell, whose output would otherwise be lost
+        # once per client, before its first cell, whose output would otherwise be lost (a
+        # restart that keeps the controller keeps the client, and its proof)
+        if job.processes and self._output_proven is not self.client:
             wait_until_output_flows(self.client, self.calls, job.processes[0].process_index)
+            self._output_proven = self.client
 
     def drop_processes(self) -> None:
         """Before the engines are replaced: nothing polls them, the feed shows none."""

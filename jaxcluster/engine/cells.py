@@ -140,8 +140,7 @@ def run_cell(code: str, parent: dict[str, Any]) -> Ran | asyncio.Future[Ran]:
 def announce(parent: dict[str, Any]) -> None:
     """An idle status on iopub under ``parent`` (a request of a notebook's client that has not
     seen its output path work yet: ``cells/output_path.py``), from the link's thread."""
-    ipykernel_internals.publish(ipykernel_internals.kernel(), "status",
-                                {"execution_state": "idle"}, parent)
+    _publish_idle(ipykernel_internals.kernel(), parent)
 
 
 def last_cell() -> dict[str, Any]:
@@ -256,5 +255,9 @@ def _end_messages(kernel: Any, parent: dict[str, Any]) -> bool:
     sys.stderr.flush()
     if not ipykernel_internals.published_under(parent["header"]["msg_id"]):
         return False
-    ipykernel_internals.publish(kernel, "status", {"execution_state": "idle"}, parent)
+    _publish_idle(kernel, parent)
     return True
+
+
+def _publish_idle(kernel: Any, parent: dict[str, Any]) -> None:
+    ipykernel_internals.publish(kernel, "status", {"execution_state": "idle"}, parent)
